@@ -1,0 +1,622 @@
+//! The config file: raw serde structs → `validate()` → [`Config`]; the file watch that swaps the
+//! hot-reloadable [`Policy`] (tools, limits, runs) atomically.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::projection::Projection;
+
+/// A config that failed to load or validate. The message names the offending key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn bad(key: &str, why: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("{key}: {why}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw file shape.
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    listen: RawListen,
+    #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    runs: RawRuns,
+    #[serde(default)]
+    tools: Vec<RawTool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListen {
+    agent: Option<String>,
+    admin: Option<String>,
+    telemetry: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    token_file: Option<PathBuf>,
+    token_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    kind: Option<String>,
+    nodes: Option<Vec<String>>,
+    key_prefix: Option<String>,
+    record_ttl_ms: Option<u64>,
+    durability: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    request_bytes: Option<u64>,
+    raw_bytes: Option<u64>,
+    agent_bytes: Option<u64>,
+    record_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRuns {
+    default_timeout_ms: Option<u64>,
+    max_timeout_ms: Option<u64>,
+    default_max_calls: Option<u64>,
+    default_max_record_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    name: String,
+    upstream: String,
+    #[serde(default)]
+    read_only: bool,
+    timeout_ms: Option<u64>,
+    input_schema: Option<Value>,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    projection: RawProjection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProjection {
+    select: Option<String>,
+    max_items: Option<usize>,
+    fields: Option<Vec<String>>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated config.
+
+/// The whole validated config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: ListenConfig,
+    pub admin: AdminConfig,
+    pub store: StoreConfig,
+    pub policy: Arc<Policy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenConfig {
+    pub agent: SocketAddr,
+    pub admin: SocketAddr,
+    pub telemetry: SocketAddr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AdminConfig {
+    pub token_file: Option<PathBuf>,
+    pub token_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    RedisCluster,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Primary,
+    Replica,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub kind: StoreKind,
+    pub nodes: Vec<String>,
+    pub key_prefix: String,
+    pub record_ttl_ms: u64,
+    pub durability: Durability,
+    pub timeout: Duration,
+}
+
+/// Byte limits; each may be overridden per tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub request_bytes: u64,
+    pub raw_bytes: u64,
+    pub agent_bytes: u64,
+    pub record_bytes: u64,
+}
+
+/// Defaults and bounds for new runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunDefaults {
+    pub default_timeout_ms: u64,
+    pub max_timeout_ms: u64,
+    pub default_max_calls: u64,
+    pub default_max_record_bytes: u64,
+}
+
+/// One configured tool, with its schema compiled and its limits resolved.
+pub struct Tool {
+    pub name: String,
+    pub upstream: hyper::Uri,
+    pub read_only: bool,
+    pub timeout: Duration,
+    pub schema: Option<jsonschema::Validator>,
+    pub limits: Limits,
+    pub projection: Projection,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.name)
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The hot-reloadable part of the config: replaced as a whole, never edited in place.
+#[derive(Debug)]
+pub struct Policy {
+    pub limits: Limits,
+    pub runs: RunDefaults,
+    pub tools: HashMap<String, Arc<Tool>>,
+    /// The read cap for a request body whose tool is not known yet: the largest limit + 1.
+    pub max_request_bytes: u64,
+}
+
+impl Policy {
+    pub fn tool(&self, name: &str) -> Option<&Arc<Tool>> {
+        self.tools.get(name)
+    }
+}
+
+const DEFAULT_LIMITS: Limits = Limits {
+    request_bytes: 65_536,
+    raw_bytes: 1_048_576,
+    agent_bytes: 16_384,
+    record_bytes: 1_179_648,
+};
+
+/// `run_id` and tool names share this shape: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
+pub fn is_safe_run_id(s: &str) -> bool {
+    is_safe_id(s, 64, b"._-")
+}
+
+/// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`.
+pub fn is_safe_tool_call_id(s: &str) -> bool {
+    is_safe_id(s, 128, b"._:-")
+}
+
+fn is_safe_id(s: &str, max: usize, extra: &[u8]) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= max
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates config text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            serde_json::from_str("{}").map_err(|e| ConfigError(e.to_string()))?
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError(e.to_string()))?
+        };
+        raw.validate()
+    }
+
+    /// Whether a reload from `self` to `next` is allowed: listeners, admin and store need a restart.
+    pub fn restart_needed(&self, next: &Config) -> Option<&'static str> {
+        if self.listen != next.listen {
+            Some("listen")
+        } else if self.admin != next.admin {
+            Some("admin")
+        } else if self.store != next.store {
+            Some("store")
+        } else {
+            None
+        }
+    }
+}
+
+fn addr(key: &str, v: Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
+    let s = v.unwrap_or_else(|| default.to_string());
+    s.parse()
+        .map_err(|_| bad(key, format!("{s:?} is not an IP:port address")))
+}
+
+fn positive(key: &str, v: Option<u64>, default: u64) -> Result<u64, ConfigError> {
+    match v.unwrap_or(default) {
+        0 => Err(bad(key, "must be greater than 0")),
+        n => Ok(n),
+    }
+}
+
+impl RawLimits {
+    fn resolve(&self, prefix: &str, base: &Limits) -> Result<Limits, ConfigError> {
+        Ok(Limits {
+            request_bytes: positive(
+                &format!("{prefix}.request_bytes"),
+                self.request_bytes,
+                base.request_bytes,
+            )?,
+            raw_bytes: positive(
+                &format!("{prefix}.raw_bytes"),
+                self.raw_bytes,
+                base.raw_bytes,
+            )?,
+            agent_bytes: positive(
+                &format!("{prefix}.agent_bytes"),
+                self.agent_bytes,
+                base.agent_bytes,
+            )?,
+            record_bytes: positive(
+                &format!("{prefix}.record_bytes"),
+                self.record_bytes,
+                base.record_bytes,
+            )?,
+        })
+    }
+}
+
+impl RawConfig {
+    fn validate(self) -> Result<Config, ConfigError> {
+        let listen = ListenConfig {
+            agent: addr("listen.agent", self.listen.agent, "127.0.0.1:15001")?,
+            admin: addr("listen.admin", self.listen.admin, "127.0.0.1:15002")?,
+            telemetry: addr("listen.telemetry", self.listen.telemetry, "0.0.0.0:15090")?,
+        };
+        let admin = AdminConfig {
+            token_file: self.admin.token_file,
+            token_key_file: self.admin.token_key_file,
+        };
+        let store = self.store.validate()?;
+        let limits = self.limits.resolve("limits", &DEFAULT_LIMITS)?;
+        let runs = RunDefaults {
+            default_timeout_ms: positive(
+                "runs.default_timeout_ms",
+                self.runs.default_timeout_ms,
+                600_000,
+            )?,
+            max_timeout_ms: positive("runs.max_timeout_ms", self.runs.max_timeout_ms, 86_400_000)?,
+            default_max_calls: self.runs.default_max_calls.unwrap_or(100),
+            default_max_record_bytes: positive(
+                "runs.default_max_record_bytes",
+                self.runs.default_max_record_bytes,
+                8_388_608,
+            )?,
+        };
+        if runs.default_timeout_ms > runs.max_timeout_ms {
+            return Err(bad(
+                "runs.default_timeout_ms",
+                "must not exceed runs.max_timeout_ms",
+            ));
+        }
+        let mut tools = HashMap::new();
+        let mut max_request_bytes = limits.request_bytes;
+        for (i, raw) in self.tools.into_iter().enumerate() {
+            let tool = raw.validate(i, &limits)?;
+            max_request_bytes = max_request_bytes.max(tool.limits.request_bytes);
+            if tools.contains_key(&tool.name) {
+                return Err(bad(&format!("tools[{i}].name"), "duplicate tool name"));
+            }
+            tools.insert(tool.name.clone(), Arc::new(tool));
+        }
+        Ok(Config {
+            listen,
+            admin,
+            store,
+            policy: Arc::new(Policy {
+                limits,
+                runs,
+                tools,
+                max_request_bytes,
+            }),
+        })
+    }
+}
+
+impl RawStore {
+    fn validate(self) -> Result<StoreConfig, ConfigError> {
+        let kind = match self.kind.as_deref().unwrap_or("memory") {
+            "memory" => StoreKind::Memory,
+            "redis-cluster" => StoreKind::RedisCluster,
+            other => {
+                return Err(bad(
+                    "store.kind",
+                    format!("{other:?} is not one of memory, redis-cluster"),
+                ));
+            }
+        };
+        let nodes = self.nodes.unwrap_or_default();
+        if kind == StoreKind::RedisCluster && nodes.is_empty() {
+            return Err(bad("store.nodes", "redis-cluster needs at least one node"));
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            if !(n.starts_with("redis://") || n.starts_with("rediss://")) {
+                return Err(bad(
+                    &format!("store.nodes[{i}]"),
+                    "must be a redis:// or rediss:// URL",
+                ));
+            }
+        }
+        let key_prefix = self.key_prefix.unwrap_or_else(|| "toolgate".to_string());
+        if key_prefix.is_empty()
+            || !key_prefix
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(&c))
+        {
+            return Err(bad("store.key_prefix", "must be non-empty [A-Za-z0-9._-]"));
+        }
+        let durability = match self.durability.as_deref().unwrap_or("primary") {
+            "primary" => Durability::Primary,
+            "replica" => Durability::Replica,
+            other => {
+                return Err(bad(
+                    "store.durability",
+                    format!("{other:?} is not one of primary, replica"),
+                ));
+            }
+        };
+        Ok(StoreConfig {
+            kind,
+            nodes,
+            key_prefix,
+            record_ttl_ms: positive("store.record_ttl_ms", self.record_ttl_ms, 86_400_000)?,
+            durability,
+            timeout: Duration::from_millis(positive("store.timeout_ms", self.timeout_ms, 500)?),
+        })
+    }
+}
+
+impl RawTool {
+    fn validate(self, i: usize, base: &Limits) -> Result<Tool, ConfigError> {
+        let key = |k: &str| format!("tools[{i}].{k}");
+        if !is_safe_run_id(&self.name) {
+            return Err(bad(
+                &key("name"),
+                "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+            ));
+        }
+        let upstream: hyper::Uri = self
+            .upstream
+            .parse()
+            .map_err(|_| bad(&key("upstream"), "is not a URL"))?;
+        match (upstream.scheme_str(), upstream.host()) {
+            (Some("http" | "https"), Some(_)) => {}
+            _ => return Err(bad(&key("upstream"), "must be an http:// or https:// URL")),
+        }
+        let schema = match self.input_schema {
+            None => None,
+            Some(s) => Some(
+                jsonschema::validator_for(&s)
+                    .map_err(|e| bad(&key("input_schema"), format!("invalid JSON Schema: {e}")))?,
+            ),
+        };
+        let select = self.projection.select.unwrap_or_default();
+        if !(select.is_empty() || select.starts_with('/')) {
+            return Err(bad(
+                &key("projection.select"),
+                "must be a JSON Pointer (empty or starting with /)",
+            ));
+        }
+        Ok(Tool {
+            limits: self.limits.resolve(&key("limits"), base)?,
+            timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
+            name: self.name,
+            upstream,
+            read_only: self.read_only,
+            schema,
+            projection: Projection {
+                select,
+                max_items: self.projection.max_items,
+                fields: self.projection.fields,
+            },
+        })
+    }
+}
+
+/// The live policy: readers take a cheap `Arc` snapshot; a reload swaps it whole.
+#[derive(Debug)]
+pub struct LivePolicy(RwLock<Arc<Policy>>);
+
+impl LivePolicy {
+    pub fn new(policy: Arc<Policy>) -> LivePolicy {
+        LivePolicy(RwLock::new(policy))
+    }
+
+    pub fn get(&self) -> Arc<Policy> {
+        match self.0.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, policy: Arc<Policy>) {
+        match self.0.write() {
+            Ok(mut p) => *p = policy,
+            Err(poisoned) => *poisoned.into_inner() = policy,
+        }
+    }
+}
+
+/// Outcome of one reload attempt, for the reload counter.
+pub enum Reload {
+    Unchanged,
+    Applied,
+    Refused(String),
+}
+
+/// Watches a config file by content hash (survives Kubernetes' symlink swap of a mounted
+/// ConfigMap) and calls `on_reload` with each attempt's outcome.
+pub async fn watch(
+    path: PathBuf,
+    current: Config,
+    live: Arc<LivePolicy>,
+    interval: Duration,
+    on_reload: impl Fn(Reload) + Send + 'static,
+) {
+    let mut last = digest(&path);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = digest(&path);
+        if now == last {
+            on_reload(Reload::Unchanged);
+            continue;
+        }
+        last = now;
+        let outcome = match Config::load(&path) {
+            Err(e) => Reload::Refused(e.0),
+            Ok(next) => match current.restart_needed(&next) {
+                Some(section) => Reload::Refused(format!("{section}: changes need a restart")),
+                None => {
+                    live.set(next.policy);
+                    Reload::Applied
+                }
+            },
+        };
+        on_reload(outcome);
+    }
+}
+
+fn digest(path: &Path) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(
+        ring::digest::digest(&ring::digest::SHA256, &bytes)
+            .as_ref()
+            .to_vec(),
+    )
+}
+
+/// Per-tool call caps as the run API carries them.
+pub type PerToolCalls = BTreeMap<String, u64>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_apply_to_an_empty_file() {
+        let c = Config::parse("").expect("empty config is valid");
+        assert_eq!(c.store.kind, StoreKind::Memory);
+        assert_eq!(c.policy.limits, DEFAULT_LIMITS);
+        assert_eq!(c.listen.agent.to_string(), "127.0.0.1:15001");
+        assert_eq!(c.policy.runs.default_max_calls, 100);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("store: {kind: memory, colour: red}").unwrap_err();
+        assert!(e.0.contains("colour"), "{e}");
+        let e = Config::parse("tools: [{name: a, upstream: 'http://x/', bogus: 1}]").unwrap_err();
+        assert!(e.0.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn invalid_values_are_named() {
+        for (yaml, key) in [
+            ("store: {record_ttl_ms: 0}", "store.record_ttl_ms"),
+            ("store: {kind: redis-cluster}", "store.nodes"),
+            ("store: {durability: sometimes}", "store.durability"),
+            ("listen: {agent: nowhere}", "listen.agent"),
+            ("limits: {raw_bytes: 0}", "limits.raw_bytes"),
+            (
+                "tools: [{name: 'a b', upstream: 'http://x/'}]",
+                "tools[0].name",
+            ),
+            (
+                "tools: [{name: a, upstream: 'ftp://x/'}]",
+                "tools[0].upstream",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', input_schema: {type: 7}}]",
+                "tools[0].input_schema",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', projection: {select: results}}]",
+                "tools[0].projection.select",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/'}, {name: a, upstream: 'http://y/'}]",
+                "tools[1].name",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err();
+            assert!(e.0.starts_with(key), "{yaml}: {e}");
+        }
+    }
+
+    #[test]
+    fn tool_limits_override_and_raise_the_read_cap() {
+        let c = Config::parse(
+            "limits: {request_bytes: 100}\ntools: [{name: a, upstream: 'http://x/', read_only: true, limits: {request_bytes: 500}}]",
+        )
+        .expect("valid");
+        let a = c.policy.tool("a").expect("tool a");
+        assert_eq!(a.limits.request_bytes, 500);
+        assert_eq!(a.limits.raw_bytes, DEFAULT_LIMITS.raw_bytes);
+        assert_eq!(c.policy.max_request_bytes, 500);
+        assert!(a.read_only);
+    }
+
+    #[test]
+    fn safe_ids() {
+        assert!(is_safe_run_id("run-42"));
+        assert!(!is_safe_run_id("-run"));
+        assert!(!is_safe_run_id(&"a".repeat(65)));
+        assert!(is_safe_tool_call_id("toolu_01:abc"));
+        assert!(!is_safe_tool_call_id("call abc"));
+        assert!(!is_safe_tool_call_id(""));
+        assert!(!is_safe_run_id("run:1"));
+    }
+}

@@ -1,0 +1,331 @@
+//! The one error type: every failure a caller can see has a stable code, an HTTP status, a
+//! failure layer and a fixed message. Causes are kept for logs only.
+
+use std::fmt;
+
+use hyper::StatusCode;
+
+/// Stable error codes of the contract (SPEC §7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Code {
+    RequestTooLarge,
+    Unauthenticated,
+    InvalidInput,
+    InvalidToolCallId,
+    RunMismatch,
+    UnknownTool,
+    Unauthorized,
+    ToolNotReadOnly,
+    DuplicateToolCall,
+    RunInactive,
+    RunDeadlineExceeded,
+    BudgetExhausted,
+    RunCancelled,
+    ToolExecutionFailed,
+    ToolTimeout,
+    ResultTooLarge,
+    ProjectionFailed,
+    RecordExpired,
+    StoreUnavailable,
+    ShuttingDown,
+    Internal,
+    NotFound,
+    RunExists,
+}
+
+/// Where a byte limit was exceeded; it decides the failure layer of `RESULT_TOO_LARGE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SizeStage {
+    Raw,
+    Agent,
+    Record,
+    Run,
+}
+
+/// Who is to blame for a failed call (SPEC §7, failure attribution).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Layer {
+    Agent,
+    Workflow,
+    Provider,
+    Environment,
+    Harness,
+    Operator,
+    Unknown,
+}
+
+impl Code {
+    /// Every code, in contract order.
+    pub const ALL: [Code; 23] = [
+        Code::RequestTooLarge,
+        Code::Unauthenticated,
+        Code::InvalidInput,
+        Code::InvalidToolCallId,
+        Code::RunMismatch,
+        Code::UnknownTool,
+        Code::Unauthorized,
+        Code::ToolNotReadOnly,
+        Code::DuplicateToolCall,
+        Code::RunInactive,
+        Code::RunDeadlineExceeded,
+        Code::BudgetExhausted,
+        Code::RunCancelled,
+        Code::ToolExecutionFailed,
+        Code::ToolTimeout,
+        Code::ResultTooLarge,
+        Code::ProjectionFailed,
+        Code::RecordExpired,
+        Code::StoreUnavailable,
+        Code::ShuttingDown,
+        Code::Internal,
+        Code::NotFound,
+        Code::RunExists,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::RequestTooLarge => "REQUEST_TOO_LARGE",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+            Code::InvalidInput => "INVALID_INPUT",
+            Code::InvalidToolCallId => "INVALID_TOOL_CALL_ID",
+            Code::RunMismatch => "RUN_MISMATCH",
+            Code::UnknownTool => "UNKNOWN_TOOL",
+            Code::Unauthorized => "UNAUTHORIZED",
+            Code::ToolNotReadOnly => "TOOL_NOT_READ_ONLY",
+            Code::DuplicateToolCall => "DUPLICATE_TOOL_CALL",
+            Code::RunInactive => "RUN_INACTIVE",
+            Code::RunDeadlineExceeded => "RUN_DEADLINE_EXCEEDED",
+            Code::BudgetExhausted => "BUDGET_EXHAUSTED",
+            Code::RunCancelled => "RUN_CANCELLED",
+            Code::ToolExecutionFailed => "TOOL_EXECUTION_FAILED",
+            Code::ToolTimeout => "TOOL_TIMEOUT",
+            Code::ResultTooLarge => "RESULT_TOO_LARGE",
+            Code::ProjectionFailed => "PROJECTION_FAILED",
+            Code::RecordExpired => "RECORD_EXPIRED",
+            Code::StoreUnavailable => "STORE_UNAVAILABLE",
+            Code::ShuttingDown => "SHUTTING_DOWN",
+            Code::Internal => "INTERNAL",
+            Code::NotFound => "NOT_FOUND",
+            Code::RunExists => "RUN_EXISTS",
+        }
+    }
+
+    /// Parses a code as stored in a record.
+    pub fn parse(s: &str) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::InvalidInput | Code::InvalidToolCallId => StatusCode::BAD_REQUEST,
+            Code::RunMismatch | Code::Unauthorized | Code::ToolNotReadOnly => StatusCode::FORBIDDEN,
+            Code::UnknownTool | Code::NotFound => StatusCode::NOT_FOUND,
+            Code::DuplicateToolCall
+            | Code::RunInactive
+            | Code::RunDeadlineExceeded
+            | Code::RunCancelled
+            | Code::RunExists => StatusCode::CONFLICT,
+            Code::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::ToolExecutionFailed | Code::ResultTooLarge | Code::ProjectionFailed => {
+                StatusCode::BAD_GATEWAY
+            }
+            Code::ToolTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Code::RecordExpired | Code::StoreUnavailable | Code::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The fixed sentence the caller sees. Never carries payload, hosts or keys.
+    pub fn message(self) -> &'static str {
+        match self {
+            Code::RequestTooLarge => "The request body exceeds the size limit for this tool.",
+            Code::Unauthenticated => "A valid bearer token is required.",
+            Code::InvalidInput => "The request body or tool input is not valid.",
+            Code::InvalidToolCallId => "The tool_call_id is missing, blank or not a safe id.",
+            Code::RunMismatch => "The run id does not match the run of the token.",
+            Code::UnknownTool => "The tool is not configured.",
+            Code::Unauthorized => "The tool is not allowed for this run.",
+            Code::ToolNotReadOnly => "The tool is not declared read-only.",
+            Code::DuplicateToolCall => "This run already has a call with this tool_call_id.",
+            Code::RunInactive => "The run is unknown, ended or cancelled.",
+            Code::RunDeadlineExceeded => "The run deadline has passed.",
+            Code::BudgetExhausted => "The run's call budget is used up.",
+            Code::RunCancelled => "The run was cancelled while the call was in flight.",
+            Code::ToolExecutionFailed => "The tool failed or returned an invalid response.",
+            Code::ToolTimeout => "The tool did not answer in time.",
+            Code::ResultTooLarge => "The result exceeds a size limit and was not returned.",
+            Code::ProjectionFailed => "The tool result could not be projected.",
+            Code::RecordExpired => "The call record expired before the call finished.",
+            Code::StoreUnavailable => "The record store is unavailable.",
+            Code::ShuttingDown => "The sidecar is shutting down.",
+            Code::Internal => "An internal error occurred.",
+            Code::NotFound => "Not found.",
+            Code::RunExists => "A run with this id already exists.",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl SizeStage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SizeStage::Raw => "raw",
+            SizeStage::Agent => "agent",
+            SizeStage::Record => "record",
+            SizeStage::Run => "run",
+        }
+    }
+}
+
+impl Layer {
+    /// Every layer, in report order.
+    pub const ALL: [Layer; 7] = [
+        Layer::Agent,
+        Layer::Workflow,
+        Layer::Provider,
+        Layer::Environment,
+        Layer::Harness,
+        Layer::Operator,
+        Layer::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Agent => "AGENT",
+            Layer::Workflow => "WORKFLOW",
+            Layer::Provider => "PROVIDER",
+            Layer::Environment => "ENVIRONMENT",
+            Layer::Harness => "HARNESS",
+            Layer::Operator => "OPERATOR",
+            Layer::Unknown => "UNKNOWN",
+        }
+    }
+
+    /// The one mapping from (code, stage) to layer, used by metrics and attribution alike.
+    pub fn of(code: Code, stage: Option<SizeStage>) -> Layer {
+        match code {
+            Code::RequestTooLarge
+            | Code::Unauthenticated
+            | Code::InvalidInput
+            | Code::InvalidToolCallId
+            | Code::RunMismatch
+            | Code::UnknownTool
+            | Code::Unauthorized
+            | Code::ToolNotReadOnly
+            | Code::DuplicateToolCall => Layer::Agent,
+            Code::RunInactive | Code::RunDeadlineExceeded | Code::BudgetExhausted => {
+                Layer::Workflow
+            }
+            Code::RunCancelled | Code::ShuttingDown => Layer::Operator,
+            Code::ToolExecutionFailed | Code::ToolTimeout => Layer::Provider,
+            Code::ResultTooLarge => match stage {
+                Some(SizeStage::Raw) => Layer::Provider,
+                Some(SizeStage::Agent) | Some(SizeStage::Record) => Layer::Harness,
+                Some(SizeStage::Run) => Layer::Workflow,
+                None => Layer::Unknown,
+            },
+            Code::ProjectionFailed | Code::Internal => Layer::Harness,
+            Code::RecordExpired | Code::StoreUnavailable => Layer::Environment,
+            Code::NotFound | Code::RunExists => Layer::Unknown,
+        }
+    }
+}
+
+/// A failure with its code and, for logs only, its cause.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{code}: {cause}")]
+pub struct Error {
+    pub code: Code,
+    /// Set for `RESULT_TOO_LARGE`: which limit was exceeded.
+    pub stage: Option<SizeStage>,
+    /// Operator-facing detail. Logged, never sent to the agent.
+    pub cause: String,
+}
+
+impl Error {
+    pub fn new(code: Code) -> Error {
+        Error {
+            code,
+            stage: None,
+            cause: String::new(),
+        }
+    }
+
+    pub fn with_cause(code: Code, cause: impl fmt::Display) -> Error {
+        Error {
+            code,
+            stage: None,
+            cause: cause.to_string(),
+        }
+    }
+
+    pub fn too_large(stage: SizeStage) -> Error {
+        Error {
+            code: Code::ResultTooLarge,
+            stage: Some(stage),
+            cause: format!("{} limit exceeded", stage.as_str()),
+        }
+    }
+
+    pub fn store(cause: impl fmt::Display) -> Error {
+        Error::with_cause(Code::StoreUnavailable, cause)
+    }
+
+    pub fn internal(cause: impl fmt::Display) -> Error {
+        Error::with_cause(Code::Internal, cause)
+    }
+
+    pub fn layer(&self) -> Layer {
+        Layer::of(self.code, self.stage)
+    }
+}
+
+impl From<Code> for Error {
+    fn from(code: Code) -> Error {
+        Error::new(code)
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_messages_are_plain() {
+        for code in Code::ALL {
+            assert_eq!(Code::parse(code.as_str()), Some(code));
+            assert!(!code.message().is_empty());
+        }
+        assert_eq!(Code::parse("NOPE"), None);
+    }
+
+    #[test]
+    fn result_too_large_layer_depends_on_stage() {
+        let layer = |s| Layer::of(Code::ResultTooLarge, Some(s));
+        assert_eq!(layer(SizeStage::Raw), Layer::Provider);
+        assert_eq!(layer(SizeStage::Agent), Layer::Harness);
+        assert_eq!(layer(SizeStage::Record), Layer::Harness);
+        assert_eq!(layer(SizeStage::Run), Layer::Workflow);
+        assert_eq!(Layer::of(Code::ResultTooLarge, None), Layer::Unknown);
+    }
+
+    #[test]
+    fn statuses_follow_the_contract() {
+        assert_eq!(Code::BudgetExhausted.status().as_u16(), 429);
+        assert_eq!(Code::RequestTooLarge.status().as_u16(), 413);
+        assert_eq!(Code::ToolTimeout.status().as_u16(), 504);
+        assert_eq!(Code::RecordExpired.status().as_u16(), 503);
+        assert_eq!(Code::Internal.status().as_u16(), 500);
+    }
+}

@@ -1,0 +1,216 @@
+//! Projection: turns a tool's raw JSON into the bounded result the agent sees. The declarative
+//! projector here is a pure function; other projectors plug in through [`Projector`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Whether a result holds evidence. `Error` only appears on ERROR records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Evidence {
+    #[serde(rename = "EVIDENCE_FOUND")]
+    Found,
+    #[serde(rename = "NO_EVIDENCE")]
+    None,
+    #[serde(rename = "ERROR")]
+    Error,
+}
+
+impl Evidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Found => "EVIDENCE_FOUND",
+            Evidence::None => "NO_EVIDENCE",
+            Evidence::Error => "ERROR",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Evidence> {
+        match s {
+            "EVIDENCE_FOUND" => Some(Evidence::Found),
+            "NO_EVIDENCE" => Some(Evidence::None),
+            "ERROR" => Some(Evidence::Error),
+            _ => None,
+        }
+    }
+}
+
+/// A projected result: what the agent is shown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projected {
+    pub evidence: Evidence,
+    pub result: Value,
+}
+
+/// Why a projection failed. Never shown to the agent.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("pointer {0:?} does not resolve")]
+    Unresolved(String),
+    #[error("projector returned evidence status {0:?}")]
+    BadEvidence(&'static str),
+}
+
+/// Something that turns raw tool output into an agent result.
+pub trait Projector: Send + Sync {
+    fn project(&self, tool: &str, input: &Value, raw: &Value)
+    -> Result<Projected, ProjectionError>;
+}
+
+/// The declarative projector of a tool: `select`, `max_items`, `fields`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Projection {
+    /// JSON Pointer into the raw document; empty selects the whole document.
+    pub select: String,
+    /// Arrays keep their first N items.
+    pub max_items: Option<usize>,
+    /// Objects keep only these keys.
+    pub fields: Option<Vec<String>>,
+}
+
+impl Projector for Projection {
+    fn project(
+        &self,
+        tool: &str,
+        input: &Value,
+        raw: &Value,
+    ) -> Result<Projected, ProjectionError> {
+        let selected = raw
+            .pointer(&self.select)
+            .ok_or_else(|| ProjectionError::Unresolved(self.select.clone()))?;
+        let projected = match selected {
+            Value::Null => no_evidence(tool, input),
+            Value::Array(items) if items.is_empty() => no_evidence(tool, input),
+            Value::Array(items) => {
+                let keep = self.max_items.unwrap_or(items.len()).min(items.len());
+                let kept: Vec<Value> = items[..keep].iter().map(|v| self.keep_fields(v)).collect();
+                Projected {
+                    evidence: Evidence::Found,
+                    result: json!({"items": kept, "total_items": items.len()}),
+                }
+            }
+            other => Projected {
+                evidence: Evidence::Found,
+                result: json!({"item": self.keep_fields(other)}),
+            },
+        };
+        Ok(projected)
+    }
+}
+
+impl Projection {
+    fn keep_fields(&self, v: &Value) -> Value {
+        match (v, &self.fields) {
+            (Value::Object(obj), Some(fields)) => {
+                let kept: Map<String, Value> = fields
+                    .iter()
+                    .filter_map(|f| obj.get(f).map(|v| (f.clone(), v.clone())))
+                    .collect();
+                Value::Object(kept)
+            }
+            _ => v.clone(),
+        }
+    }
+}
+
+fn no_evidence(tool: &str, input: &Value) -> Projected {
+    Projected {
+        evidence: Evidence::None,
+        result: json!({"scope": {"tool": tool, "input": input}}),
+    }
+}
+
+/// Checks what any projector returned: an agent result is never an ERROR.
+pub fn check(projected: Projected) -> Result<Projected, ProjectionError> {
+    match projected.evidence {
+        Evidence::Found | Evidence::None => Ok(projected),
+        Evidence::Error => Err(ProjectionError::BadEvidence(Evidence::Error.as_str())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search() -> Projection {
+        Projection {
+            select: "/results".into(),
+            max_items: Some(2),
+            fields: Some(vec!["title".into(), "url".into()]),
+        }
+    }
+
+    #[test]
+    fn array_keeps_first_items_and_fields() {
+        let raw = json!({"results": [
+            {"title": "a", "url": "u1", "secret": 1},
+            {"title": "b", "url": "u2", "secret": 2},
+            {"title": "c", "url": "u3", "secret": 3},
+        ]});
+        let p = search()
+            .project("search", &json!({"q": "x"}), &raw)
+            .unwrap();
+        assert_eq!(p.evidence, Evidence::Found);
+        assert_eq!(
+            p.result,
+            json!({"items": [{"title": "a", "url": "u1"}, {"title": "b", "url": "u2"}], "total_items": 3})
+        );
+    }
+
+    #[test]
+    fn object_and_scalar_become_item() {
+        let p = search()
+            .project("s", &json!({}), &json!({"results": {"title": "t", "x": 1}}))
+            .unwrap();
+        assert_eq!(p.result, json!({"item": {"title": "t"}}));
+        let p = search()
+            .project("s", &json!({}), &json!({"results": 7}))
+            .unwrap();
+        assert_eq!(
+            (p.evidence, p.result),
+            (Evidence::Found, json!({"item": 7}))
+        );
+    }
+
+    #[test]
+    fn null_and_empty_are_scoped_no_evidence() {
+        let input = json!({"q": "nothing"});
+        for raw in [json!({"results": []}), json!({"results": null})] {
+            let p = search().project("search", &input, &raw).unwrap();
+            assert_eq!(p.evidence, Evidence::None);
+            assert_eq!(
+                p.result,
+                json!({"scope": {"tool": "search", "input": {"q": "nothing"}}})
+            );
+        }
+    }
+
+    #[test]
+    fn unresolved_pointer_fails() {
+        let e = search()
+            .project("s", &json!({}), &json!({"other": 1}))
+            .unwrap_err();
+        assert_eq!(e, ProjectionError::Unresolved("/results".into()));
+    }
+
+    #[test]
+    fn default_projection_is_whole_document() {
+        let raw = json!({"a": [1, 2]});
+        let p = Projection::default()
+            .project("t", &json!({}), &raw)
+            .unwrap();
+        assert_eq!(p.result, json!({"item": {"a": [1, 2]}}));
+        let p = Projection::default()
+            .project("t", &json!({}), &json!([1, 2, 3]))
+            .unwrap();
+        assert_eq!(p.result, json!({"items": [1, 2, 3], "total_items": 3}));
+    }
+
+    #[test]
+    fn an_error_evidence_from_a_projector_is_refused() {
+        let bad = Projected {
+            evidence: Evidence::Error,
+            result: json!({}),
+        };
+        assert!(check(bad).is_err());
+    }
+}
