@@ -55,7 +55,7 @@ impl MemoryStore {
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.ops += 1;
-        if inner.ops % 1024 == 0 {
+        if inner.ops.is_multiple_of(1024) {
             inner.sweep(Instant::now());
         }
         inner

@@ -1,0 +1,202 @@
+//! The admin listener: runs, records, facts and failure attribution, for the harness.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::State;
+use crate::boundary::error_body;
+use crate::clock;
+use crate::config::{is_safe_run_id, is_safe_tool_call_id};
+use crate::error::{Code, Error, Result};
+use crate::http;
+use crate::store::{self, Budget, NewRun, RunState, RunView};
+use crate::upstream::read_capped;
+
+/// Largest accepted admin request body.
+const MAX_BODY: u64 = 65_536;
+
+/// Serves one admin request. Never fails: errors become the contract's error body.
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http::Body> {
+    if !state.tokens.is_admin(req.headers()) {
+        return error(Code::Unauthenticated);
+    }
+    match route(&state, req).await {
+        Ok((status, body)) => http::json(status, &body),
+        Err(e) => {
+            if e.code == Code::StoreUnavailable || e.code == Code::Internal {
+                tracing::warn!(code = e.code.as_str(), cause = %e.cause, "admin request failed");
+            }
+            error(e.code)
+        }
+    }
+}
+
+fn error(code: Code) -> Response<http::Body> {
+    http::json(code.status(), &error_body(None, code))
+}
+
+async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Value)> {
+    let path = req.uri().path().to_string();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let method = req.method().clone();
+    match (method, segments.as_slice()) {
+        (Method::POST, ["v1", "runs"]) => create_run(state, req).await,
+        (Method::GET, ["v1", "failure-attribution"]) => {
+            Ok((StatusCode::OK, state.metrics.attribution()))
+        }
+        (Method::GET, ["v1", "runs", run]) => {
+            let run = get_run(state, run_id(run)?).await?;
+            Ok((StatusCode::OK, run_json(&run)))
+        }
+        (Method::POST, ["v1", "runs", run, "end"]) => {
+            let run = run_id(run)?;
+            close(state, run, RunState::Ended).await?;
+            Ok((StatusCode::OK, facts(state, run).await?))
+        }
+        (Method::POST, ["v1", "runs", run, "cancel"]) => {
+            let run = run_id(run)?;
+            let view = close(state, run, RunState::Cancelled).await?;
+            state.calls.cancel(run);
+            Ok((StatusCode::OK, run_json(&view)))
+        }
+        (Method::GET, ["v1", "runs", run, "facts"]) => {
+            Ok((StatusCode::OK, facts(state, run_id(run)?).await?))
+        }
+        (Method::GET, ["v1", "runs", run, "invocations", id]) => {
+            let run = run_id(run)?;
+            if !is_safe_tool_call_id(id) {
+                return Err(Code::InvalidInput.into());
+            }
+            let found = state
+                .metrics
+                .store_op("get_record", state.store.get_record(run, id))
+                .await?;
+            let (record, ttl_ms) = found.ok_or(Error::new(Code::NotFound))?;
+            let mut body = serde_json::to_value(&record).map_err(Error::internal)?;
+            if let Value::Object(m) = &mut body {
+                m.insert("ttl_ms".into(), json!(ttl_ms));
+            }
+            Ok((StatusCode::OK, body))
+        }
+        _ => Err(Code::NotFound.into()),
+    }
+}
+
+fn run_id(s: &str) -> Result<&str> {
+    if is_safe_run_id(s) {
+        Ok(s)
+    } else {
+        Err(Code::InvalidInput.into())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRun {
+    run_id: String,
+    timeout_ms: Option<u64>,
+    tools: Option<Vec<String>>,
+    #[serde(default)]
+    budget: BudgetInput,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetInput {
+    max_calls: Option<u64>,
+    max_calls_per_tool: Option<BTreeMap<String, u64>>,
+    max_record_bytes: Option<u64>,
+}
+
+async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Value)> {
+    let body = read_capped(req.into_body(), MAX_BODY)
+        .await
+        .map_err(|_| Error::new(Code::InvalidInput))?;
+    let input: CreateRun =
+        serde_json::from_slice(&body).map_err(|e| Error::with_cause(Code::InvalidInput, e))?;
+    if !is_safe_run_id(&input.run_id) {
+        return Err(Code::InvalidInput.into());
+    }
+    let runs = state.policy.get().runs;
+    let timeout_ms = input.timeout_ms.unwrap_or(runs.default_timeout_ms);
+    if timeout_ms == 0 || timeout_ms > runs.max_timeout_ms {
+        return Err(Error::with_cause(
+            Code::InvalidInput,
+            "timeout_ms out of range",
+        ));
+    }
+    let now = clock::now_ms();
+    let run = NewRun {
+        run_id: input.run_id,
+        created_ms: now,
+        deadline_ms: now + timeout_ms,
+        budget: Budget {
+            max_calls: input.budget.max_calls.unwrap_or(runs.default_max_calls),
+            max_calls_per_tool: input.budget.max_calls_per_tool.unwrap_or_default(),
+            max_record_bytes: input
+                .budget
+                .max_record_bytes
+                .unwrap_or(runs.default_max_record_bytes),
+        },
+        tools: input.tools,
+    };
+    let view = state
+        .metrics
+        .store_op("create_run", state.store.create_run(run))
+        .await?;
+    state.runs.put(&view);
+    Ok((
+        StatusCode::CREATED,
+        json!({
+            "run_id": view.run_id,
+            "run_token": state.tokens.issue(&view.run_id),
+            "deadline": clock::rfc3339(view.deadline_ms),
+        }),
+    ))
+}
+
+async fn get_run(state: &State, run_id: &str) -> Result<RunView> {
+    state
+        .metrics
+        .store_op("get_run", state.store.get_run(run_id))
+        .await?
+        .ok_or(Error::new(Code::NotFound))
+}
+
+async fn close(state: &State, run_id: &str, to: RunState) -> Result<RunView> {
+    let op = match to {
+        RunState::Cancelled => "cancel_run",
+        RunState::Active | RunState::Ended => "end_run",
+    };
+    state
+        .metrics
+        .store_op(op, state.store.close_run(run_id, to))
+        .await?
+        .ok_or(Error::new(Code::NotFound))
+}
+
+async fn facts(state: &State, run_id: &str) -> Result<Value> {
+    let entries = state
+        .metrics
+        .store_op("facts", state.store.progress(run_id))
+        .await?
+        .ok_or(Error::new(Code::NotFound))?;
+    serde_json::to_value(store::facts(run_id, entries)).map_err(Error::internal)
+}
+
+fn run_json(run: &RunView) -> Value {
+    json!({
+        "run_id": run.run_id,
+        "state": run.state.as_str(),
+        "deadline": clock::rfc3339(run.deadline_ms),
+        "calls_used": run.calls_used,
+        "record_bytes_used": run.record_bytes_used,
+        "budget": run.budget,
+        "tools": run.tools,
+    })
+}

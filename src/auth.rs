@@ -1,0 +1,172 @@
+//! Tokens: the admin token and run tokens (`<run_id>.<mac>`), all checked in constant time.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hyper::HeaderMap;
+use hyper::header::AUTHORIZATION;
+use ring::hmac;
+use ring::rand::SystemRandom;
+
+use crate::config::{AdminConfig, ConfigError, is_safe_run_id};
+
+/// Verifies admin tokens and issues/verifies run tokens.
+pub struct Tokens {
+    /// A per-process random key: admin tokens are compared as HMAC tags, in constant time.
+    compare_key: hmac::Key,
+    admin_tag: hmac::Tag,
+    run_key: hmac::Key,
+}
+
+impl Tokens {
+    /// `token_key`: the shared run-token key; when absent it is derived from the admin token, so
+    /// replicas sharing the admin token also share run tokens.
+    pub fn new(admin_token: &str, token_key: Option<&[u8]>) -> Result<Tokens, ConfigError> {
+        if admin_token.is_empty() {
+            return Err(ConfigError("the admin token is empty".into()));
+        }
+        let compare_key = hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new())
+            .map_err(|_| ConfigError("no system randomness".into()))?;
+        let admin_tag = hmac::sign(&compare_key, admin_token.as_bytes());
+        let run_key = match token_key {
+            Some(k) => hmac::Key::new(hmac::HMAC_SHA256, k),
+            None => {
+                let derive = hmac::Key::new(hmac::HMAC_SHA256, admin_token.as_bytes());
+                let derived = hmac::sign(&derive, b"toolgate run token key v1");
+                hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref())
+            }
+        };
+        Ok(Tokens {
+            compare_key,
+            admin_tag,
+            run_key,
+        })
+    }
+
+    /// Whether the request carries the admin token.
+    pub fn is_admin(&self, headers: &HeaderMap) -> bool {
+        bearer(headers).is_some_and(|t| {
+            hmac::verify(&self.compare_key, t.as_bytes(), self.admin_tag.as_ref()).is_ok()
+        })
+    }
+
+    /// The run token for `run_id`.
+    pub fn issue(&self, run_id: &str) -> String {
+        let mac = hmac::sign(&self.run_key, run_id.as_bytes());
+        format!("{run_id}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
+    }
+
+    /// The run a request's token is bound to, if the token is genuine.
+    pub fn run_of<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        let token = bearer(headers)?;
+        let (run_id, mac) = token.rsplit_once('.')?;
+        if !is_safe_run_id(run_id) {
+            return None;
+        }
+        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
+        hmac::verify(&self.run_key, run_id.as_bytes(), &mac).ok()?;
+        Some(run_id)
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Reads the admin token: `TOOLGATE_ADMIN_TOKEN` wins over `admin.token_file`.
+pub fn admin_token(cfg: &AdminConfig) -> Result<String, ConfigError> {
+    let token = match std::env::var("TOOLGATE_ADMIN_TOKEN") {
+        Ok(t) if !t.trim().is_empty() => t,
+        _ => match &cfg.token_file {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| {
+                ConfigError(format!(
+                    "admin.token_file: cannot read {}: {e}",
+                    path.display()
+                ))
+            })?,
+            None => String::new(),
+        },
+    };
+    let token = token.trim().to_string();
+    if token.is_empty() {
+        return Err(ConfigError(
+            "admin token is empty: set TOOLGATE_ADMIN_TOKEN or admin.token_file".into(),
+        ));
+    }
+    Ok(token)
+}
+
+/// Reads the run-token key: `TOOLGATE_TOKEN_KEY` wins over `admin.token_key_file`. At least 32 bytes.
+pub fn token_key(cfg: &AdminConfig) -> Result<Option<Vec<u8>>, ConfigError> {
+    let key = match std::env::var("TOOLGATE_TOKEN_KEY") {
+        Ok(k) if !k.is_empty() => Some(k.into_bytes()),
+        _ => match &cfg.token_key_file {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                ConfigError(format!(
+                    "admin.token_key_file: cannot read {}: {e}",
+                    path.display()
+                ))
+            })?),
+            None => None,
+        },
+    };
+    match key {
+        Some(k) if k.trim_ascii().len() < 32 => Err(ConfigError(
+            "admin.token_key_file: the run-token key must be at least 32 bytes".into(),
+        )),
+        Some(k) => Ok(Some(k.trim_ascii().to_vec())),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn with_bearer(t: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn run_tokens_are_bound_to_their_run() {
+        let tokens = Tokens::new("admin", None).unwrap();
+        let t = tokens.issue("run-42");
+        assert!(t.starts_with("run-42."));
+        assert_eq!(tokens.run_of(&with_bearer(&t)), Some("run-42"));
+        let forged = t.replacen("run-42", "run-43", 1);
+        assert_eq!(tokens.run_of(&with_bearer(&forged)), None);
+        assert_eq!(tokens.run_of(&with_bearer("run-42.AAAA")), None);
+        assert_eq!(tokens.run_of(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn replicas_sharing_a_key_verify_each_other() {
+        let a = Tokens::new("admin", None).unwrap();
+        let b = Tokens::new("admin", None).unwrap();
+        let t = a.issue("r");
+        assert_eq!(b.run_of(&with_bearer(&t)), Some("r"));
+        let other = Tokens::new("other-admin", None).unwrap();
+        assert_eq!(other.run_of(&with_bearer(&t)), None);
+        let keyed = Tokens::new("admin", Some(&[7u8; 32])).unwrap();
+        assert_eq!(keyed.run_of(&with_bearer(&t)), None);
+    }
+
+    #[test]
+    fn admin_token_check() {
+        let tokens = Tokens::new("s3cret", None).unwrap();
+        assert!(tokens.is_admin(&with_bearer("s3cret")));
+        assert!(!tokens.is_admin(&with_bearer("s3cre")));
+        assert!(!tokens.is_admin(&HeaderMap::new()));
+        assert!(Tokens::new("", None).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! The ordered preflight checks that need no store (SPEC §3 steps 1–9). The first failing check
+//! answers; nothing is forwarded and nothing is spent.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hyper::HeaderMap;
+use serde_json::{Map, Value};
+
+use crate::auth::Tokens;
+use crate::config::{Policy, Tool, is_safe_run_id, is_safe_tool_call_id};
+use crate::error::{Code, Error};
+use crate::telemetry::UNKNOWN_TOOL;
+
+/// Which of the two equivalent call forms a request used.
+#[derive(Debug, Clone)]
+pub enum Form {
+    /// `POST /v1/invoke` with `{"run_id","tool_call_id","tool","input"}`.
+    Envelope,
+    /// `POST /tools/{tool}` with `X-Run-Id` and `X-Tool-Call-Id`; the body is the input.
+    Intercept { tool: String },
+}
+
+/// A request as it arrived: the body is `None` when it exceeded the read cap.
+pub struct Incoming {
+    pub form: Form,
+    pub headers: HeaderMap,
+    pub body: Option<Bytes>,
+}
+
+/// A rejected call: the error, the id to echo (safe or none), and the tool label for metrics.
+#[derive(Debug)]
+pub struct Rejection {
+    pub error: Error,
+    pub tool_call_id: Option<String>,
+    pub tool_label: String,
+}
+
+/// A call that passed steps 1–6: identified, authenticated, bound to its run and tool.
+pub struct Identified {
+    pub run_id: String,
+    pub tool_call_id: String,
+    pub tool: Arc<Tool>,
+    input: Option<Value>,
+}
+
+/// A call that passed steps 1–9: ready for the store reservation.
+pub struct Admitted {
+    pub run_id: String,
+    pub tool_call_id: String,
+    pub tool: Arc<Tool>,
+    /// The input object exactly as it will be forwarded and recorded.
+    pub input: Value,
+}
+
+/// What the request says, read once: each field is only trusted by the step that checks it.
+struct Claims {
+    /// `Err` when the envelope body is not JSON (step 3).
+    envelope: Result<Map<String, Value>, ()>,
+    tool_call_id: Option<String>,
+    run_id: Option<String>,
+    tool: Option<String>,
+}
+
+impl Claims {
+    fn read(form: &Form, headers: &HeaderMap, body: Option<&Bytes>) -> Claims {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        match form {
+            Form::Envelope => {
+                let envelope = body
+                    .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+                    .and_then(|v| match v {
+                        Value::Object(m) => Some(m),
+                        _ => None,
+                    })
+                    .ok_or(());
+                let field = |k: &str| {
+                    envelope
+                        .as_ref()
+                        .ok()
+                        .and_then(|m| m.get(k))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
+                Claims {
+                    tool_call_id: field("tool_call_id"),
+                    run_id: field("run_id"),
+                    tool: field("tool"),
+                    envelope,
+                }
+            }
+            Form::Intercept { tool } => Claims {
+                envelope: Ok(Map::new()),
+                tool_call_id: header("x-tool-call-id"),
+                run_id: header("x-run-id"),
+                tool: Some(tool.clone()),
+            },
+        }
+    }
+
+    /// The id to echo in an error body: only ever a safe one.
+    fn safe_id(&self) -> Option<String> {
+        self.tool_call_id
+            .clone()
+            .filter(|id| is_safe_tool_call_id(id))
+    }
+}
+
+/// Steps 1–6.
+pub fn identify(
+    policy: &Policy,
+    tokens: &Tokens,
+    incoming: &Incoming,
+) -> Result<Identified, Rejection> {
+    let claims = Claims::read(&incoming.form, &incoming.headers, incoming.body.as_ref());
+    let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
+    let reject = |code: Code| Rejection {
+        error: Error::new(code),
+        tool_call_id: claims.safe_id(),
+        tool_label: tool
+            .as_ref()
+            .map_or(UNKNOWN_TOOL.to_string(), |t| t.name.clone()),
+    };
+
+    // 1. Size: the tool's own limit once it is known, the global one before.
+    let limit = tool
+        .as_ref()
+        .map_or(policy.limits.request_bytes, |t| t.limits.request_bytes);
+    let Some(body) = incoming.body.as_ref().filter(|b| b.len() as u64 <= limit) else {
+        return Err(reject(Code::RequestTooLarge));
+    };
+    // 2. The run token.
+    let Some(token_run) = tokens.run_of(&incoming.headers) else {
+        return Err(reject(Code::Unauthenticated));
+    };
+    // 3. The envelope is a JSON object.
+    let Ok(envelope) = &claims.envelope else {
+        return Err(reject(Code::InvalidInput));
+    };
+    // 4. The framework's tool_call_id, kept exactly.
+    let Some(tool_call_id) = claims.safe_id() else {
+        return Err(reject(Code::InvalidToolCallId));
+    };
+    // 5. The call belongs to the token's run.
+    let run_id = match &claims.run_id {
+        Some(r) if is_safe_run_id(r) && r == token_run => r.clone(),
+        _ => return Err(reject(Code::RunMismatch)),
+    };
+    // 6. The tool is configured.
+    let Some(tool) = tool.clone() else {
+        return Err(reject(Code::UnknownTool));
+    };
+    let input = match &incoming.form {
+        Form::Envelope => envelope.get("input").cloned(),
+        Form::Intercept { .. } => serde_json::from_slice(body).ok(),
+    };
+    Ok(Identified {
+        run_id,
+        tool_call_id,
+        tool,
+        input,
+    })
+}
+
+impl Identified {
+    /// Steps 7–9. `run_tools` is the run's allow-list (`None`: every configured tool).
+    pub fn authorize(self, run_tools: Option<&[String]>) -> Result<Admitted, Rejection> {
+        let reject = |code: Code| Rejection {
+            error: Error::new(code),
+            tool_call_id: Some(self.tool_call_id.clone()),
+            tool_label: self.tool.name.clone(),
+        };
+        // 7. Allowed for this run.
+        if run_tools.is_some_and(|tools| !tools.iter().any(|t| *t == self.tool.name)) {
+            return Err(reject(Code::Unauthorized));
+        }
+        // 8. Read-only.
+        if !self.tool.read_only {
+            return Err(reject(Code::ToolNotReadOnly));
+        }
+        // 9. The input is an object that satisfies the tool's schema.
+        let input = match &self.input {
+            Some(v @ Value::Object(_)) => v,
+            _ => return Err(reject(Code::InvalidInput)),
+        };
+        if let Some(schema) = &self.tool.schema
+            && !schema.is_valid(input)
+        {
+            return Err(reject(Code::InvalidInput));
+        }
+        let input = input.clone();
+        Ok(Admitted {
+            run_id: self.run_id,
+            tool_call_id: self.tool_call_id,
+            tool: self.tool,
+            input,
+        })
+    }
+}

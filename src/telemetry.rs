@@ -1,0 +1,396 @@
+//! Metrics (SPEC §8) and failure attribution, all registered here; the telemetry listener's
+//! `/metrics`, `/healthz` and `/readyz`.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicI64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::{Map, Value, json};
+
+use crate::error::{Code, Error, Layer};
+use crate::projection::Evidence;
+
+/// Label value for a tool name that is not configured: keeps cardinality bounded.
+pub const UNKNOWN_TOOL: &str = "_unknown";
+
+/// Latency buckets from 0.25 ms to 60 s.
+const BUCKETS: [f64; 16] = [
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
+    60.0,
+];
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InvocationLabels {
+    tool: String,
+    status: &'static str,
+    evidence_status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolCodeLabels {
+    tool: String,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolStageLabels {
+    tool: String,
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LayerCodeLabels {
+    layer: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolStatusLabels {
+    tool: String,
+    status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every metric toolgate exports, plus the failure-attribution counts.
+pub struct Metrics {
+    registry: Registry,
+    invocations: Family<InvocationLabels, Counter>,
+    preflight_rejections: Family<ToolCodeLabels, Counter>,
+    result_too_large: Family<ToolStageLabels, Counter>,
+    failures: Family<LayerCodeLabels, Counter>,
+    invocation_duration: HistogramFamily<ToolStatusLabels>,
+    upstream_duration: HistogramFamily<ToolLabels>,
+    store_duration: HistogramFamily<OpLabels>,
+    store_errors: Family<OpLabels, Counter>,
+    in_flight: Family<ToolLabels, Gauge<i64, AtomicI64>>,
+    config_reloads: Family<ResultLabels, Counter>,
+    attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let invocations = Family::default();
+        let preflight_rejections = Family::default();
+        let result_too_large = Family::default();
+        let failures = Family::default();
+        let invocation_duration: HistogramFamily<_> = Family::new_with_constructor(histogram);
+        let upstream_duration: HistogramFamily<_> = Family::new_with_constructor(histogram);
+        let store_duration: HistogramFamily<_> = Family::new_with_constructor(histogram);
+        let store_errors = Family::default();
+        let in_flight = Family::default();
+        let config_reloads = Family::default();
+        registry.register(
+            "toolgate_invocations",
+            "Calls that reached the tool stage, by final status and evidence status",
+            invocations.clone(),
+        );
+        registry.register(
+            "toolgate_preflight_rejections",
+            "Calls rejected before reaching the tool, by error code",
+            preflight_rejections.clone(),
+        );
+        registry.register(
+            "toolgate_result_too_large",
+            "Calls that failed closed on a byte limit, by the stage that exceeded it",
+            result_too_large.clone(),
+        );
+        registry.register(
+            "toolgate_failures",
+            "Calls that ended in an error, by failure layer and code",
+            failures.clone(),
+        );
+        registry.register(
+            "toolgate_invocation_duration_seconds",
+            "Time from request to answer for calls that reached the tool stage",
+            invocation_duration.clone(),
+        );
+        registry.register(
+            "toolgate_upstream_duration_seconds",
+            "Time the tool service took to answer, body included",
+            upstream_duration.clone(),
+        );
+        registry.register(
+            "toolgate_store_operation_duration_seconds",
+            "Time of one canonical store operation",
+            store_duration.clone(),
+        );
+        registry.register(
+            "toolgate_store_errors",
+            "Store operations that failed with STORE_UNAVAILABLE",
+            store_errors.clone(),
+        );
+        registry.register(
+            "toolgate_invocations_in_flight",
+            "Calls currently executing",
+            in_flight.clone(),
+        );
+        registry.register(
+            "toolgate_config_reloads",
+            "Config file reload attempts, by result",
+            config_reloads.clone(),
+        );
+        Metrics {
+            registry,
+            invocations,
+            preflight_rejections,
+            result_too_large,
+            failures,
+            invocation_duration,
+            upstream_duration,
+            store_duration,
+            store_errors,
+            in_flight,
+            config_reloads,
+            attribution: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// A call rejected before it reached the tool (preflight steps 1–10, or shutdown).
+    pub fn rejected(&self, tool: &str, err: &Error) {
+        self.preflight_rejections
+            .get_or_create(&ToolCodeLabels {
+                tool: tool.to_string(),
+                code: err.code.as_str(),
+            })
+            .inc();
+        self.failed(tool, err);
+    }
+
+    /// A reserved call that ended. `err` is set for ERROR outcomes.
+    pub fn finished(&self, tool: &str, evidence: Evidence, elapsed: Duration, err: Option<&Error>) {
+        let status = if err.is_some() { "ERROR" } else { "READY" };
+        self.invocations
+            .get_or_create(&InvocationLabels {
+                tool: tool.to_string(),
+                status,
+                evidence_status: evidence.as_str(),
+            })
+            .inc();
+        self.invocation_duration
+            .get_or_create(&ToolStatusLabels {
+                tool: tool.to_string(),
+                status,
+            })
+            .observe(elapsed.as_secs_f64());
+        if let Some(err) = err {
+            self.failed(tool, err);
+        }
+    }
+
+    fn failed(&self, tool: &str, err: &Error) {
+        let layer = err.layer();
+        if let (Code::ResultTooLarge, Some(stage)) = (err.code, err.stage) {
+            self.result_too_large
+                .get_or_create(&ToolStageLabels {
+                    tool: tool.to_string(),
+                    stage: stage.as_str(),
+                })
+                .inc();
+        }
+        self.failures
+            .get_or_create(&LayerCodeLabels {
+                layer: layer.as_str(),
+                code: err.code.as_str(),
+            })
+            .inc();
+        let mut counts = self.attribution.lock().unwrap_or_else(|p| p.into_inner());
+        *counts.entry((layer, err.code)).or_insert(0) += 1;
+    }
+
+    pub fn upstream(&self, tool: &str, elapsed: Duration) {
+        self.upstream_duration
+            .get_or_create(&ToolLabels {
+                tool: tool.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Runs one store operation, timing it and counting STORE_UNAVAILABLE failures.
+    pub async fn store_op<T>(
+        &self,
+        op: &'static str,
+        fut: impl std::future::Future<Output = crate::error::Result<T>>,
+    ) -> crate::error::Result<T> {
+        let started = std::time::Instant::now();
+        let result = fut.await;
+        let unavailable = matches!(&result, Err(e) if e.code == Code::StoreUnavailable);
+        self.record_store_op(op, started.elapsed(), unavailable);
+        result
+    }
+
+    fn record_store_op(&self, op: &'static str, elapsed: Duration, unavailable: bool) {
+        self.store_duration
+            .get_or_create(&OpLabels { op })
+            .observe(elapsed.as_secs_f64());
+        if unavailable {
+            self.store_errors.get_or_create(&OpLabels { op }).inc();
+        }
+    }
+
+    /// Moves the in-flight gauge of a tool by `delta`.
+    pub fn in_flight(&self, tool: &str, delta: i64) {
+        self.in_flight
+            .get_or_create(&ToolLabels {
+                tool: tool.to_string(),
+            })
+            .inc_by(delta);
+    }
+
+    pub fn config_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.config_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// `GET /v1/failure-attribution`: every layer listed; shares are 0.0 while the total is 0.
+    pub fn attribution(&self) -> Value {
+        let counts = self
+            .attribution
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let total: u64 = counts.values().sum();
+        let share = |n: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                n as f64 / total as f64
+            }
+        };
+        let mut by_layer = Map::new();
+        for layer in Layer::ALL {
+            let n: u64 = counts
+                .iter()
+                .filter(|((l, _), _)| *l == layer)
+                .map(|(_, n)| n)
+                .sum();
+            by_layer.insert(
+                layer.as_str().to_string(),
+                json!({"count": n, "share": share(n)}),
+            );
+        }
+        let mut by_code: BTreeMap<&str, u64> = BTreeMap::new();
+        for ((_, code), n) in &counts {
+            *by_code.entry(code.as_str()).or_insert(0) += n;
+        }
+        let unknown: u64 = counts
+            .iter()
+            .filter(|((l, _), _)| *l == Layer::Unknown)
+            .map(|(_, n)| n)
+            .sum();
+        json!({
+            "total": total,
+            "by_layer": by_layer,
+            "unknown_share": share(unknown),
+            "by_code": by_code,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::SizeStage;
+
+    #[test]
+    fn exposition_names_follow_the_contract() {
+        let m = Metrics::new();
+        m.rejected(UNKNOWN_TOOL, &Error::new(Code::UnknownTool));
+        m.finished(
+            "search",
+            Evidence::Error,
+            Duration::from_millis(3),
+            Some(&Error::too_large(SizeStage::Raw)),
+        );
+        m.finished("search", Evidence::Found, Duration::from_millis(3), None);
+        m.record_store_op("reserve", Duration::from_millis(1), true);
+        m.in_flight("search", 1);
+        m.config_reload(false);
+        m.upstream("search", Duration::from_millis(2));
+        let text = m.encode();
+        for needle in [
+            r#"toolgate_preflight_rejections_total{tool="_unknown",code="UNKNOWN_TOOL"} 1"#,
+            r#"toolgate_invocations_total{tool="search",status="READY",evidence_status="EVIDENCE_FOUND"} 1"#,
+            r#"toolgate_result_too_large_total{tool="search",stage="raw"} 1"#,
+            r#"toolgate_failures_total{layer="PROVIDER",code="RESULT_TOO_LARGE"} 1"#,
+            r#"toolgate_invocation_duration_seconds_bucket{le="0.005",tool="search",status="READY"} 1"#,
+            r#"toolgate_store_errors_total{op="reserve"} 1"#,
+            r#"toolgate_invocations_in_flight{tool="search"} 1"#,
+            r#"toolgate_config_reloads_total{result="error"} 1"#,
+            "toolgate_upstream_duration_seconds_count",
+            "toolgate_store_operation_duration_seconds_count",
+            "# HELP toolgate_failures Calls that ended in an error",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn attribution_counts_by_layer_and_code() {
+        let m = Metrics::new();
+        let empty = m.attribution();
+        assert_eq!(empty["total"], 0);
+        assert_eq!(empty["by_layer"]["AGENT"]["share"], 0.0);
+        assert_eq!(empty["by_layer"].as_object().unwrap().len(), 7);
+        m.rejected("a", &Error::new(Code::BudgetExhausted));
+        m.rejected("a", &Error::new(Code::InvalidInput));
+        m.rejected("a", &Error::new(Code::InvalidInput));
+        m.finished(
+            "a",
+            Evidence::Error,
+            Duration::ZERO,
+            Some(&Error::new(Code::ToolTimeout)),
+        );
+        let a = m.attribution();
+        assert_eq!(a["total"], 4);
+        assert_eq!(a["by_layer"]["AGENT"]["count"], 2);
+        assert_eq!(a["by_layer"]["AGENT"]["share"], 0.5);
+        assert_eq!(a["by_layer"]["WORKFLOW"]["count"], 1);
+        assert_eq!(a["by_code"]["INVALID_INPUT"], 2);
+        assert_eq!(a["unknown_share"], 0.0);
+    }
+}

@@ -1,0 +1,652 @@
+//! The admission webhook (SPEC §9) driven with real AdmissionReview documents, and served over
+//! real TLS.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls;
+use toolgate::injector::{
+    InjectorArgs, InjectorError, InjectorSettings, MAX_REVIEW_BYTES, review, serve, serve_on,
+    tls_config,
+};
+
+const IMAGE: &str = "ghcr.io/example/toolgate:1.4.0";
+
+fn settings() -> InjectorSettings {
+    InjectorSettings {
+        image: IMAGE.to_owned(),
+        config_map: "toolgate".to_owned(),
+        admin_secret: "toolgate-admin".to_owned(),
+    }
+}
+
+fn fixture_path(dir: &str, name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(dir)
+        .join(name)
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixture_path("admission", name)).unwrap()
+}
+
+fn document(name: &str) -> Value {
+    serde_json::from_slice(&fixture(name)).unwrap()
+}
+
+/// Reviews a fixture and returns the HTTP status and the parsed body.
+fn run(name: &str) -> (StatusCode, Value) {
+    let (status, body) = review(&fixture(name), &settings());
+    let body = serde_json::from_slice(&body).expect("every answer is JSON");
+    (status, body)
+}
+
+/// Reviews a fixture that must be answered 200, checks the envelope and the uid echo, and
+/// returns the `response` object.
+fn answer(name: &str) -> Value {
+    let (status, body) = run(name);
+    assert_eq!(status, StatusCode::OK, "{name}: {body}");
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    assert_eq!(
+        body["response"]["uid"],
+        document(name)["request"]["uid"],
+        "{name}: uid echoed"
+    );
+    body["response"].clone()
+}
+
+fn assert_allowed_without_patch(name: &str) {
+    let response = answer(name);
+    assert_eq!(response["allowed"], true, "{name}: {response}");
+    assert!(response.get("patch").is_none(), "{name}: no patch");
+    assert!(response.get("patchType").is_none(), "{name}: no patch type");
+}
+
+fn assert_denied(name: &str, message_part: &str) {
+    let response = answer(name);
+    assert_eq!(response["allowed"], false, "{name}: {response}");
+    assert!(response.get("patch").is_none());
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(message_part),
+        "{name}: {message:?} should mention {message_part:?}"
+    );
+    assert_eq!(response["status"]["code"], 400);
+}
+
+fn assert_bad_request(name: &str) {
+    let (status, body) = run(name);
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{name}: {body}");
+    assert!(body["error"].is_string(), "{name}: {body}");
+}
+
+/// The JSONPatch operations of an answer.
+fn patch_of(response: &Value) -> json_patch::Patch {
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(response["patchType"], "JSONPatch");
+    let encoded = response["patch"]
+        .as_str()
+        .expect("patch is a base64 string");
+    let decoded = BASE64.decode(encoded).unwrap();
+    serde_json::from_slice(&decoded).unwrap()
+}
+
+/// Applies the answer's patch to the fixture's pod, as the API server would.
+fn patched_pod(name: &str) -> (Value, Value) {
+    let original = document(name)["request"]["object"].clone();
+    let patch = patch_of(&answer(name));
+    for op in &patch.0 {
+        assert!(
+            matches!(op, json_patch::PatchOperation::Add(_)),
+            "only add ops: {op:?}"
+        );
+    }
+    let mut pod = original.clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    // Still a well-formed Pod after the patch.
+    serde_json::from_value::<Pod>(pod.clone()).unwrap();
+    (original, pod)
+}
+
+enum Placement {
+    Native,
+    Regular,
+}
+
+/// Removes exactly what the injector is allowed to add; what is left must be the original pod.
+fn strip_injection(original: &Value, pod: &Value, placement: &Placement) -> Value {
+    let mut stripped = pod.clone();
+    let spec = stripped["spec"].as_object_mut().unwrap();
+    let (field, index) = match placement {
+        Placement::Native => ("initContainers", 0),
+        Placement::Regular => (
+            "containers",
+            spec["containers"].as_array().unwrap().len() - 1,
+        ),
+    };
+    spec.get_mut(field)
+        .unwrap()
+        .as_array_mut()
+        .unwrap()
+        .remove(index);
+    let volumes = spec.get_mut("volumes").unwrap().as_array_mut().unwrap();
+    volumes.pop();
+    for field in ["initContainers", "volumes"] {
+        if original["spec"].get(field).is_none() {
+            assert_eq!(spec[field], json!([]), "{field} created with one entry");
+            spec.remove(field);
+        }
+    }
+    let annotations = stripped["metadata"]["annotations"].as_object_mut().unwrap();
+    assert_eq!(
+        annotations.remove("toolgate.dev/injected"),
+        Some(json!("true"))
+    );
+    stripped
+}
+
+fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// Checks the sidecar container field by field.
+fn assert_sidecar(container: &Value, placement: &Placement, cpu: &str, memory: &str) {
+    assert_eq!(container["name"], "toolgate");
+    assert_eq!(container["image"], IMAGE);
+    assert_eq!(
+        container["args"],
+        json!(["serve", "--config", "/etc/toolgate/toolgate.yaml"])
+    );
+    match placement {
+        Placement::Native => assert_eq!(container["restartPolicy"], "Always"),
+        Placement::Regular => assert!(container.get("restartPolicy").is_none()),
+    }
+    assert_eq!(
+        container["ports"],
+        json!([
+            {"name": "agent", "containerPort": 15001, "protocol": "TCP"},
+            {"name": "admin", "containerPort": 15002, "protocol": "TCP"},
+            {"name": "telemetry", "containerPort": 15090, "protocol": "TCP"},
+        ])
+    );
+    assert_eq!(
+        container["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": 15090})
+    );
+    assert_eq!(
+        container["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": 15090})
+    );
+    assert_eq!(
+        container["startupProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": 15090})
+    );
+    let security = &container["securityContext"];
+    assert_eq!(security["runAsNonRoot"], true);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"], json!({"drop": ["ALL"]}));
+    assert_eq!(
+        container["env"],
+        json!([{
+            "name": "TOOLGATE_ADMIN_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "toolgate-admin", "key": "token"}},
+        }])
+    );
+    assert_eq!(
+        container["volumeMounts"],
+        json!([{"name": "toolgate-config", "mountPath": "/etc/toolgate", "readOnly": true}])
+    );
+    assert_eq!(
+        container["resources"],
+        json!({"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}})
+    );
+}
+
+fn assert_config_volume(pod: &Value, config_map: &str) {
+    let volume = named(&pod["spec"]["volumes"], "toolgate-config");
+    assert_eq!(
+        volume,
+        &json!({"name": "toolgate-config", "configMap": {"name": config_map}})
+    );
+    assert_eq!(
+        pod["spec"]["volumes"].as_array().unwrap().last(),
+        Some(volume)
+    );
+}
+
+#[test]
+fn native_sidecar_goes_before_existing_init_containers() {
+    let (original, pod) = patched_pod("inject_native.json");
+    let init = pod["spec"]["initContainers"].as_array().unwrap();
+    assert_eq!(init.len(), 3);
+    assert_sidecar(&init[0], &Placement::Native, "50m", "64Mi");
+    assert_eq!(
+        init[1..],
+        original["spec"]["initContainers"].as_array().unwrap()[..]
+    );
+    assert_eq!(pod["spec"]["containers"], original["spec"]["containers"]);
+    assert_config_volume(&pod, "toolgate");
+    assert_eq!(
+        pod["metadata"]["annotations"]["toolgate.dev/injected"],
+        "true"
+    );
+    assert_eq!(
+        strip_injection(&original, &pod, &Placement::Native),
+        original
+    );
+}
+
+#[test]
+fn native_sidecar_creates_missing_arrays() {
+    let (original, pod) = patched_pod("inject_native_bare.json");
+    assert!(original["spec"].get("initContainers").is_none());
+    assert!(original["spec"].get("volumes").is_none());
+    let init = pod["spec"]["initContainers"].as_array().unwrap();
+    assert_eq!(init.len(), 1);
+    assert_sidecar(&init[0], &Placement::Native, "50m", "64Mi");
+    assert_eq!(pod["spec"]["volumes"].as_array().unwrap().len(), 1);
+    assert_config_volume(&pod, "toolgate");
+    assert_eq!(
+        strip_injection(&original, &pod, &Placement::Native),
+        original
+    );
+}
+
+#[test]
+fn native_sidecar_false_appends_to_containers() {
+    let (original, pod) = patched_pod("inject_regular.json");
+    let containers = pod["spec"]["containers"].as_array().unwrap();
+    let original_containers = original["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), original_containers.len() + 1);
+    assert_eq!(
+        containers[..original_containers.len()],
+        original_containers[..]
+    );
+    assert_sidecar(
+        containers.last().unwrap(),
+        &Placement::Regular,
+        "50m",
+        "64Mi",
+    );
+    assert_eq!(
+        pod["spec"]["initContainers"],
+        original["spec"]["initContainers"]
+    );
+    assert_config_volume(&pod, "toolgate");
+    assert_eq!(
+        strip_injection(&original, &pod, &Placement::Regular),
+        original
+    );
+}
+
+#[test]
+fn annotations_override_resources_and_config_map() {
+    let (original, pod) = patched_pod("inject_overrides.json");
+    assert_sidecar(
+        &pod["spec"]["initContainers"][0],
+        &Placement::Native,
+        "250m",
+        "128Mi",
+    );
+    assert_config_volume(&pod, "research-toolgate");
+    assert_eq!(
+        strip_injection(&original, &pod, &Placement::Native),
+        original
+    );
+}
+
+#[test]
+fn injected_annotation_pointer_is_escaped() {
+    let patch = patch_of(&answer("inject_native.json"));
+    let paths: Vec<String> = patch
+        .0
+        .iter()
+        .map(|op| match op {
+            json_patch::PatchOperation::Add(add) => add.path.to_string(),
+            other => panic!("unexpected op {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/spec/initContainers/0",
+            "/spec/volumes/-",
+            "/metadata/annotations/toolgate.dev~1injected",
+        ]
+    );
+}
+
+#[test]
+fn pods_that_are_not_to_be_injected_pass_unchanged() {
+    for name in [
+        "not_annotated.json",
+        "inject_false.json",
+        "already_injected.json",
+        "has_toolgate_container.json",
+        "has_toolgate_init_container.json",
+        "delete_operation.json",
+        "create_configmap.json",
+    ] {
+        assert_allowed_without_patch(name);
+    }
+}
+
+#[test]
+fn bad_quantities_are_denied() {
+    assert_denied("bad_quantity.json", "toolgate.dev/memory");
+    assert_denied("bad_quantity.json", "\"lots\" is not a Kubernetes quantity");
+    assert_denied("negative_cpu.json", "toolgate.dev/cpu");
+}
+
+#[test]
+fn malformed_pod_is_denied_not_rejected() {
+    assert_denied("malformed_pod.json", "not a well-formed Pod");
+}
+
+#[test]
+fn bad_reviews_get_400() {
+    for name in [
+        "not_json.json",
+        "wrong_api_version.json",
+        "missing_uid.json",
+    ] {
+        assert_bad_request(name);
+    }
+    let mut numeric_uid = document("inject_native.json");
+    numeric_uid["request"]["uid"] = json!(42);
+    let (status, _) = review(numeric_uid.to_string().as_bytes(), &settings());
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    for body in [
+        &b""[..],
+        b"null",
+        b"[]",
+        b"\"AdmissionReview\"",
+        b"\xff\xfe",
+    ] {
+        assert_eq!(review(body, &settings()).0, StatusCode::BAD_REQUEST);
+    }
+}
+
+#[test]
+fn odd_but_valid_annotations() {
+    let mut review_doc = document("inject_native.json");
+    let annotations = &mut review_doc["request"]["object"]["metadata"]["annotations"];
+    annotations["toolgate.dev/config-map"] = json!("Not_A_Name");
+    let (status, body) = review(review_doc.to_string().as_bytes(), &settings());
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["response"]["allowed"], false);
+    assert!(
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("toolgate.dev/config-map")
+    );
+
+    // A pod that already mounts a volume of our name is refused rather than made invalid.
+    let mut review_doc = document("inject_native.json");
+    review_doc["request"]["object"]["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "toolgate-config", "emptyDir": {}}));
+    let (_, body) = review(review_doc.to_string().as_bytes(), &settings());
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["response"]["allowed"], false);
+}
+
+/// The envelope checks of SPEC §9, computed independently of the injector.
+fn envelope_ok(doc: &Value) -> bool {
+    doc["apiVersion"] == "admission.k8s.io/v1"
+        && doc["kind"] == "AdmissionReview"
+        && doc["request"].is_object()
+        && doc["request"]["uid"].is_string()
+}
+
+fn pointers(value: &Value, at: String, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                let escaped = key.replace('~', "~0").replace('/', "~1");
+                pointers(child, format!("{at}/{escaped}"), out);
+            }
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                pointers(child, format!("{at}/{index}"), out);
+            }
+        }
+        _ => {}
+    }
+    out.push(at);
+}
+
+/// Replaces every node of an injectable review, one at a time, with values of every JSON type:
+/// the answer is always 400 (exactly when the envelope is broken) or 200 with the uid echoed,
+/// and a patch, when there is one, applies cleanly to the object that was sent.
+#[test]
+fn never_panics_on_mangled_reviews() {
+    let original = document("inject_regular.json");
+    let mut paths = Vec::new();
+    pointers(&original, String::new(), &mut paths);
+    let replacements = [
+        json!(null),
+        json!(true),
+        json!(0),
+        json!(-1),
+        json!(1.5),
+        json!(""),
+        json!("x"),
+        json!("true"),
+        json!([]),
+        json!([1, "a"]),
+        json!({}),
+        json!({"name": "toolgate"}),
+    ];
+    let mut patched = 0;
+    for path in &paths {
+        for replacement in &replacements {
+            let mut doc = original.clone();
+            *doc.pointer_mut(path).unwrap() = replacement.clone();
+            let (status, body) = review(doc.to_string().as_bytes(), &settings());
+            let body: Value = serde_json::from_slice(&body).unwrap();
+            if !envelope_ok(&doc) {
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{path} = {replacement}");
+                continue;
+            }
+            assert_eq!(status, StatusCode::OK, "{path} = {replacement}: {body}");
+            let response = &body["response"];
+            assert_eq!(response["uid"], doc["request"]["uid"]);
+            if response.get("patch").is_some() {
+                let mut pod = doc["request"]["object"].clone();
+                json_patch::patch(&mut pod, &patch_of(response))
+                    .unwrap_or_else(|e| panic!("{path} = {replacement}: {e}"));
+                patched += 1;
+            }
+        }
+    }
+    assert!(patched > 0);
+}
+
+#[test]
+fn never_panics_on_truncated_bodies() {
+    let body = fixture("inject_native.json");
+    for end in 0..body.len() {
+        let (status, _) = review(&body[..end], &settings());
+        assert!(
+            status == StatusCode::BAD_REQUEST || status == StatusCode::OK,
+            "{end}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Over TLS.
+// ---------------------------------------------------------------------------------------------
+
+fn client_tls() -> rustls::ClientConfig {
+    let pem = std::fs::read(fixture_path("tls", "server.pem")).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+fn server_tls() -> Arc<rustls::ServerConfig> {
+    tls_config(
+        &fixture_path("tls", "server.pem"),
+        &fixture_path("tls", "server.key"),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn serves_reviews_over_tls() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_on(listener, server_tls(), settings(), async {
+        let _ = stopped.await;
+    }));
+
+    // A client that does not speak TLS fails its handshake; the server carries on.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    plain
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut ignored = Vec::new();
+    let _ = plain.read_to_end(&mut ignored).await;
+
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(client_tls())
+        .https_only()
+        .enable_http1()
+        .build();
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(https);
+    let base = format!("https://localhost:{}", addr.port());
+    let send = |method: Method, path: &str, body: Vec<u8>| {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, body)
+        }
+    };
+
+    let (status, body) = send(Method::GET, "/healthz", Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(&body[..], b"ok");
+
+    let (status, body) = send(
+        Method::POST,
+        "/mutate?timeout=10s",
+        fixture("inject_native.json"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        body["response"]["uid"],
+        "11111111-0000-4000-8000-000000000001"
+    );
+    assert_eq!(body["response"]["allowed"], true);
+    assert_eq!(body["response"]["patchType"], "JSONPatch");
+    let mut pod = document("inject_native.json")["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch_of(&body["response"])).unwrap();
+    assert_eq!(pod["spec"]["initContainers"][0]["name"], "toolgate");
+
+    let (status, _) = send(Method::POST, "/mutate", fixture("not_json.json")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = send(Method::GET, "/metrics", Vec::new()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A declared body over the cap is answered before it is sent.
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_tls()));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        MAX_REVIEW_BYTES + 1
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut status_line = [0u8; 12];
+    tls.read_exact(&mut status_line).await.unwrap();
+    assert_eq!(&status_line, b"HTTP/1.1 413");
+
+    // Shutdown stops the server even with the client's idle keep-alive connection open.
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("server stops within the drain bound")
+        .unwrap();
+    drop(client);
+}
+
+#[tokio::test]
+async fn serve_refuses_bad_settings_and_tls_files() {
+    let args = |settings: InjectorSettings, key: &str| InjectorArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tls_cert: fixture_path("tls", "server.pem"),
+        tls_key: fixture_path("tls", key),
+        settings,
+    };
+    let bad = InjectorSettings {
+        config_map: String::new(),
+        ..settings()
+    };
+    assert!(matches!(
+        serve(args(bad, "server.key"), async {}).await,
+        Err(InjectorError::Settings {
+            name: "config-map",
+            ..
+        })
+    ));
+    assert!(matches!(
+        serve(args(settings(), "missing.key"), async {}).await,
+        Err(InjectorError::TlsFile { what: "key", .. })
+    ));
+    // The certificate is no key.
+    assert!(matches!(
+        serve(args(settings(), "server.pem"), async {}).await,
+        Err(InjectorError::TlsFile { what: "key", .. })
+    ));
+    // Valid everything, immediate shutdown: a clean stop.
+    assert!(
+        serve(args(settings(), "server.key"), async {})
+            .await
+            .is_ok()
+    );
+}
