@@ -1,0 +1,172 @@
+//! In-process fake tool services served by hyper, one route per behaviour the tests need.
+//! Every answer that the agent must never see carries [`RAW_MARKER`].
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// A string that the fake tools put in raw payloads; no agent-facing body may contain it.
+pub const RAW_MARKER: &str = "RAW-SECRET-MARKER-7f3a";
+
+/// What one request to a fake tool carried.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Value,
+}
+
+/// A running fake tool service.
+#[derive(Clone)]
+pub struct FakeTool {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// Bytes the endless route managed to send before the client stopped reading.
+    pub endless_sent: Arc<AtomicU64>,
+}
+
+impl FakeTool {
+    pub async fn start() -> FakeTool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake tool");
+        let tool = FakeTool {
+            addr: listener.local_addr().expect("addr"),
+            seen: Arc::default(),
+            endless_sent: Arc::default(),
+        };
+        let t = tool.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let t = t.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let t = t.clone();
+                        async move { Ok::<_, Infallible>(t.answer(req).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        tool
+    }
+
+    /// `http://127.0.0.1:port/<route>`
+    pub fn url(&self, route: &str) -> String {
+        format!("http://{}/{route}", self.addr)
+    }
+
+    /// Requests received so far on `route`.
+    pub fn calls(&self, route: &str) -> Vec<Seen> {
+        let path = format!("/{route}");
+        self.seen
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|s| s.path == path)
+            .cloned()
+            .collect()
+    }
+
+    /// Total requests received on any route.
+    pub fn total_calls(&self) -> usize {
+        self.seen.lock().expect("lock").len()
+    }
+
+    async fn answer(&self, req: Request<Incoming>) -> Response<FakeBody> {
+        let path = req.uri().path().to_string();
+        let headers = req
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect();
+        let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let input: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        self.seen.lock().expect("lock").push(Seen {
+            path: path.clone(),
+            headers,
+            body: input.clone(),
+        });
+        if let Some(ms) = input.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let item = |i: usize| {
+            json!({"title": format!("t{i}"), "url": format!("https://e.x/{i}"), "snippet": "s", "extra": RAW_MARKER})
+        };
+        match path.as_str() {
+            "/search" | "/slow" => json(200, json!({"results": (0..7).map(item).collect::<Vec<_>>()})),
+            "/empty" => json(200, json!({"results": []})),
+            "/null" => json(200, json!({"results": null})),
+            "/object" => json(200, json!({"results": item(0)})),
+            "/scalar" => json(200, json!({"results": 42})),
+            "/unresolved" => json(200, json!({"other": RAW_MARKER})),
+            "/fail" => json(500, json!({"error": RAW_MARKER})),
+            "/notjson" => text(200, format!("<html>{RAW_MARKER}</html>")),
+            "/big" => json(200, json!({"results": [{"blob": "x".repeat(2 << 20)}], "m": RAW_MARKER})),
+            "/bigfail" => text(503, format!("{RAW_MARKER}{}", "y".repeat(2 << 20))),
+            "/wide" => json(200, json!({"results": (0..200).map(|i| json!({"title": format!("{i}{}", "w".repeat(300))})).collect::<Vec<_>>()})),
+            "/echo" => json(200, json!({"results": {"input": input, "extra": RAW_MARKER}})),
+            // 'é' is 1 char and 2 bytes: 6000 chars fit a 8000 limit by count, not by bytes.
+            "/utf8" => json(200, json!({"results": {"text": "é".repeat(6000)}})),
+            "/endless" => Response::new(FakeBody::Endless(self.endless_sent.clone())),
+            _ => json(404, json!({"error": "no route"})),
+        }
+    }
+}
+
+fn json(status: u16, v: Value) -> Response<FakeBody> {
+    let mut r = Response::new(FakeBody::Full(Some(Bytes::from(v.to_string()))));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+    r.headers_mut().insert("content-type", "application/json".parse().expect("ct"));
+    r
+}
+
+fn text(status: u16, s: String) -> Response<FakeBody> {
+    let mut r = Response::new(FakeBody::Full(Some(Bytes::from(s))));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+    r
+}
+
+/// A complete body, or one that never ends (chunked, 64 KiB frames, counted as sent).
+pub enum FakeBody {
+    Full(Option<Bytes>),
+    Endless(Arc<AtomicU64>),
+}
+
+impl Body for FakeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            FakeBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            FakeBody::Endless(sent) => {
+                const CHUNK: usize = 64 * 1024;
+                // Stop at 200 MiB so a broken client cannot hang the test forever.
+                if sent.fetch_add(CHUNK as u64, Ordering::SeqCst) > 200 << 20 {
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'['; CHUNK])))))
+            }
+        }
+    }
+}

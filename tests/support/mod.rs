@@ -1,0 +1,44 @@
+//! Test support shared by the integration tests: the sidecar on port 0, in-process fake tools,
+//! and (for the Redis tests) a real Redis Cluster.
+#![allow(dead_code)]
+
+pub mod fake_tool;
+pub mod sidecar;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fresh, unique temp directory (removed by the caller when it cares).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "toolgate-{tag}-{}-{}-{}",
+        std::process::id(),
+        toolgate::clock::now_ms(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// A unique id with a readable prefix, safe as a run id.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        toolgate::clock::now_ms() % 100_000_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// The store section of a test config: the memory store, or a Redis Cluster given its node URLs.
+pub fn store_yaml(redis_nodes: Option<&[String]>) -> String {
+    match redis_nodes {
+        None => "store: {kind: memory, record_ttl_ms: 600000}\n".to_string(),
+        Some(nodes) => format!(
+            "store: {{kind: redis-cluster, nodes: [{}], record_ttl_ms: 600000, timeout_ms: 2000}}\n",
+            nodes.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
