@@ -1,0 +1,681 @@
+#!/usr/bin/env python3
+"""Checks for toolgate's monitoring assets, used by scripts/monitoring-check.sh.
+
+Subcommands:
+  static      validate the Grafana dashboard, the alert rules and the runbook; write every PromQL
+              expression (dashboard panels, template variables, alert rules and their operands)
+              to a JSON file, and a rules file that lets `promtool check rules` parse them offline
+  render      write the temporary toolgate and Prometheus configs for the end-to-end check
+  wait-http   poll a URL until it answers 200
+  wait-query  poll Prometheus until an expression returns series
+  query       run every extracted expression against a live Prometheus and report
+  free-ports  print N free loopback TCP ports
+
+Needs PyYAML only for `static` and `render`; the rest is standard library.
+"""
+
+import argparse
+import json
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+# SPEC §8 metrics by their contract name, with their labels. Histograms are exported as
+# `_bucket`, `_sum` and `_count` series.
+METRICS = {
+    "toolgate_invocations_total": ("counter", {"tool", "status", "evidence_status"}),
+    "toolgate_preflight_rejections_total": ("counter", {"tool", "code"}),
+    "toolgate_result_too_large_total": ("counter", {"tool", "stage"}),
+    "toolgate_failures_total": ("counter", {"layer", "code"}),
+    "toolgate_invocation_duration_seconds": ("histogram", {"tool", "status"}),
+    "toolgate_upstream_duration_seconds": ("histogram", {"tool"}),
+    "toolgate_store_operation_duration_seconds": ("histogram", {"op"}),
+    "toolgate_store_errors_total": ("counter", {"op"}),
+    "toolgate_invocations_in_flight": ("gauge", {"tool"}),
+    "toolgate_config_reloads_total": ("counter", {"result"}),
+}
+
+
+def exported_names():
+    """Exported series name → (family, labels)."""
+    names = {}
+    for family, (kind, labels) in METRICS.items():
+        if kind == "histogram":
+            for suffix in ("_bucket", "_sum", "_count"):
+                names[family + suffix] = (family, labels)
+        else:
+            names[family] = (family, labels)
+    return names
+
+
+EXPORTED = exported_names()
+SEVERITIES = {"critical", "warning", "info"}
+# Grafana variables → values that select everything, for querying outside Grafana.
+VARIABLES = {
+    "namespace": ".*",
+    "pod": ".*",
+    "tool": ".*",
+    "__rate_interval": "1m",
+    "__interval": "15s",
+    "__range": "1h",
+    "__range_s": "3600",
+    "__range_ms": "3600000",
+    "__interval_ms": "15000",
+}
+
+
+class Failures:
+    def __init__(self):
+        self.items = []
+
+    def add(self, where, what):
+        self.items.append(f"{where}: {what}")
+
+    def report(self, title):
+        if self.items:
+            print(f"FAIL {title}:", file=sys.stderr)
+            for item in self.items:
+                print(f"  - {item}", file=sys.stderr)
+            return False
+        return True
+
+
+def load_yaml(path):
+    try:
+        import yaml
+    except ImportError:
+        sys.exit("check.py: PyYAML is needed (scripts/monitoring-check.sh sets up .venv with it)")
+    with open(path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+# ---------------------------------------------------------------------------------------------
+# PromQL helpers (just enough lexing to find selectors and top-level operators).
+
+
+def substitute(expr):
+    """Replace Grafana variables ($name, ${name}, ${name:fmt}) with select-everything values."""
+
+    def repl(m):
+        name = m.group(1) or m.group(2)
+        if name not in VARIABLES:
+            raise ValueError(f"unknown variable ${name}")
+        return VARIABLES[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", repl, expr)
+
+
+def mask_strings(expr):
+    """Same length as expr, with the insides of quoted strings blanked out."""
+    out, i = list(expr), 0
+    while i < len(expr):
+        quote = expr[i]
+        if quote in "\"'`":
+            j = i + 1
+            while j < len(expr) and expr[j] != quote:
+                j += 2 if expr[j] == "\\" and quote != "`" else 1
+            for k in range(i + 1, min(j, len(expr))):
+                out[k] = " "
+            i = j
+        i += 1
+    return "".join(out)
+
+
+def selectors(expr):
+    """Yield (metric name, matcher text or None) for every toolgate_* series selector."""
+    masked = mask_strings(expr)
+    for m in re.finditer(r"(?<![\w:])(toolgate_[A-Za-z0-9_:]*)", masked):
+        name = m.group(1)
+        rest = masked[m.end():]
+        gap = len(rest) - len(rest.lstrip())
+        if rest[gap:gap + 1] == "{":
+            close = rest.index("}", gap)
+            yield name, expr[m.end() + gap + 1: m.end() + close]
+        else:
+            yield name, None
+
+
+IDENT = re.compile(r"[A-Za-z0-9_:]")
+
+
+def strip_parens(expr):
+    expr = expr.strip()
+    while expr.startswith("(") and expr.endswith(")"):
+        depth, masked = 0, mask_strings(expr)
+        for i, c in enumerate(masked):
+            depth += c in "([{"
+            depth -= c in ")]}"
+            if depth == 0 and i < len(expr) - 1:
+                return expr
+        expr = expr[1:-1].strip()
+    return expr
+
+
+def split_top(expr, ops):
+    """Split expr at top-level binary operators from ops (word or symbol operators)."""
+    masked = mask_strings(expr)
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(masked):
+        c = masked[i]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0:
+            for op in ops:
+                if not masked.startswith(op, i):
+                    continue
+                if op[0].isalpha():
+                    before = masked[i - 1] if i else " "
+                    after = masked[i + len(op)] if i + len(op) < len(masked) else " "
+                    if IDENT.match(before) or IDENT.match(after):
+                        continue
+                elif op in (">", "<") and masked[i + 1: i + 2] == "=":
+                    continue
+                parts.append(expr[start:i])
+                start = i + len(op)
+                i = start - 1
+                break
+        i += 1
+    parts.append(expr[start:])
+    return parts
+
+
+MODIFIER = re.compile(r"^\s*(bool\b)?\s*((on|ignoring)\s*\([^)]*\))?\s*((group_left|group_right)\s*(\([^)]*\))?)?")
+
+
+def operands(expr):
+    """The vector operands of an alert expression: split at or, and/unless and comparisons."""
+    expr = strip_parens(expr)
+    for ops in (("or",), ("and", "unless"), ("==", "!=", ">=", "<=", ">", "<")):
+        parts = split_top(expr, ops)
+        if len(parts) > 1:
+            out = []
+            for part in parts:
+                part = MODIFIER.sub("", part, count=1)
+                out.extend(operands(part))
+            return out
+    if re.fullmatch(r"[-+]?[0-9.eE+]+", expr):
+        return []
+    return [expr]
+
+
+# ---------------------------------------------------------------------------------------------
+# static
+
+
+def walk_panels(panels):
+    for p in panels:
+        yield p
+        yield from walk_panels(p.get("panels", []))
+
+
+def check_dashboard(path, fails, exprs):
+    try:
+        with open(path, encoding="utf-8") as f:
+            dash = json.load(f)
+    except (OSError, ValueError) as e:
+        fails.add(path, f"not valid JSON: {e}")
+        return
+    where = "dashboard"
+    if not isinstance(dash.get("schemaVersion"), int) or dash["schemaVersion"] < 36:
+        fails.add(where, "schemaVersion missing or older than 36")
+    for key in ("uid", "title", "panels", "templating"):
+        if key not in dash:
+            fails.add(where, f"missing {key}")
+    variables = {v.get("name"): v for v in dash.get("templating", {}).get("list", [])}
+    ds = variables.get("datasource")
+    if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+        fails.add(where, "needs a `datasource` template variable of type datasource, query prometheus")
+    for name in ("namespace", "pod", "tool"):
+        v = variables.get(name)
+        if not v or v.get("type") != "query":
+            fails.add(where, f"needs a query template variable `{name}`")
+            continue
+        if (v.get("datasource") or {}).get("uid") != "${datasource}":
+            fails.add(f"variable {name}", "datasource must be ${datasource}")
+        q = v.get("query")
+        q = q.get("query") if isinstance(q, dict) else q
+        m = re.fullmatch(r"\s*label_values\((.+),\s*(\w+)\s*\)\s*", q or "")
+        if not m or not m.group(1).strip().startswith("toolgate_invocations_total") or m.group(2) != name:
+            fails.add(f"variable {name}", f"expected label_values(toolgate_invocations_total…, {name}), got {q!r}")
+            continue
+        if v.get("includeAll") and v.get("allValue") != ".*":
+            fails.add(f"variable {name}", 'allValue must be ".*" so "All" also matches')
+        try:
+            exprs.append({"source": f"variable {name}", "kind": "variable",
+                          "expr": f"group by ({name}) ({substitute(m.group(1).strip())})"})
+        except ValueError as e:
+            fails.add(f"variable {name}", str(e))
+
+    ids, boxes, used = set(), [], set()
+    for p in walk_panels(dash.get("panels", [])):
+        title = p.get("title") or f"panel {p.get('id')}"
+        pw = f"panel {title!r}"
+        if p.get("id") in ids:
+            fails.add(pw, f"duplicate id {p.get('id')}")
+        ids.add(p.get("id"))
+        g = p.get("gridPos") or {}
+        if not all(isinstance(g.get(k), int) for k in "xywh") or g["x"] < 0 or g["x"] + g["w"] > 24:
+            fails.add(pw, f"bad gridPos {g}")
+        else:
+            for other, og in boxes:
+                if (g["x"] < og["x"] + og["w"] and og["x"] < g["x"] + g["w"]
+                        and g["y"] < og["y"] + og["h"] and og["y"] < g["y"] + g["h"]):
+                    fails.add(pw, f"overlaps panel {other!r}")
+            boxes.append((title, g))
+        if p.get("type") == "row":
+            continue
+        if (p.get("datasource") or {}).get("uid") != "${datasource}":
+            fails.add(pw, "datasource must be ${datasource}")
+        targets = p.get("targets") or []
+        if not targets:
+            fails.add(pw, "no queries")
+        refs = [t.get("refId") for t in targets]
+        if len(set(refs)) != len(refs) or None in refs:
+            fails.add(pw, f"refIds missing or repeated: {refs}")
+        for t in targets:
+            tw = f"{pw} [{t.get('refId')}]"
+            raw = (t.get("expr") or "").strip()
+            if not raw:
+                fails.add(tw, "empty expr")
+                continue
+            if (t.get("datasource") or {}).get("uid") not in (None, "${datasource}"):
+                fails.add(tw, "datasource must be ${datasource}")
+            found = False
+            for name, matchers in selectors(raw):
+                found = True
+                if name not in EXPORTED:
+                    fails.add(tw, f"{name} is not a metric of SPEC §8")
+                    continue
+                family, labels = EXPORTED[name]
+                used.add(family)
+                need = ['namespace=~"$namespace"', 'pod=~"$pod"']
+                if "tool" in labels:
+                    need.append('tool=~"$tool"')
+                have = [s.strip() for s in (matchers or "").split(",")]
+                for n in need:
+                    if n not in have:
+                        fails.add(tw, f"{name} selector lacks {n}")
+            if not found:
+                fails.add(tw, "queries no toolgate metric")
+            try:
+                exprs.append({"source": f"{title} [{t.get('refId')}]", "kind": "panel",
+                              "expr": substitute(raw)})
+            except ValueError as e:
+                fails.add(tw, str(e))
+    for family in sorted(set(METRICS) - used):
+        fails.add(where, f"no panel shows {family}")
+
+
+def runbook_anchors(path):
+    """GitHub-style anchors of the runbook's headings."""
+    anchors = set()
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"#{1,6}\s+(.*?)\s*$", line)
+            if m:
+                text = re.sub(r"[^\w\- ]", "", m.group(1).lower())
+                anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+def runbook_alert_sections(path):
+    with open(path, encoding="utf-8") as f:
+        return {m.group(1) for m in re.finditer(r"^##\s+(\S+)\s*$", f.read(), re.M)}
+
+
+def check_rules(rules_path, tests_path, runbook_path, fails, exprs):
+    doc = load_yaml(rules_path)
+    anchors = runbook_anchors(runbook_path)
+    alerts = []
+    for group in doc.get("groups") or []:
+        for rule in group.get("rules") or []:
+            if "alert" not in rule:
+                continue
+            name = rule["alert"]
+            w = f"alert {name}"
+            if name in alerts:
+                fails.add(w, "defined twice")
+            alerts.append(name)
+            labels = rule.get("labels") or {}
+            if labels.get("severity") not in SEVERITIES:
+                fails.add(w, f"severity label must be one of {sorted(SEVERITIES)}")
+            ann = rule.get("annotations") or {}
+            for key in ("summary", "description", "runbook_url"):
+                if not str(ann.get(key) or "").strip():
+                    fails.add(w, f"missing annotation {key}")
+            url = str(ann.get("runbook_url") or "")
+            m = re.fullmatch(r"docs/runbook\.md#([\w-]+)", url)
+            if not m:
+                fails.add(w, f"runbook_url {url!r} is not docs/runbook.md#<anchor>")
+            elif m.group(1) not in anchors:
+                fails.add(w, f"runbook has no section #{m.group(1)}")
+            expr = str(rule.get("expr") or "").strip()
+            for sel, _ in selectors(expr):
+                if sel not in EXPORTED:
+                    fails.add(w, f"{sel} is not a metric of SPEC §8")
+            exprs.append({"source": f"alert {name}", "kind": "alert", "alert": name, "expr": expr})
+            ops = operands(expr)
+            if len(ops) > 1 or (ops and ops[0] != strip_parens(expr)):
+                for i, op in enumerate(ops, 1):
+                    exprs.append({"source": f"alert {name} operand {i}", "kind": "operand",
+                                  "alert": name, "expr": op})
+    sections = runbook_alert_sections(runbook_path)
+    for name in sorted(sections - set(alerts)):
+        fails.add("runbook", f"section {name} has no alert")
+
+    tests = load_yaml(tests_path)
+    cases = {}
+    for test in tests.get("tests") or []:
+        for case in test.get("alert_rule_test") or []:
+            fires = bool(case.get("exp_alerts"))
+            cases.setdefault(case.get("alertname"), set()).add(fires)
+    for name in alerts:
+        got = cases.get(name, set())
+        if True not in got:
+            fails.add(f"alert {name}", "no unit test where it fires")
+        if False not in got:
+            fails.add(f"alert {name}", "no unit test where it does not fire")
+    for name in sorted(set(cases) - set(alerts)):
+        fails.add("rule tests", f"test for unknown alert {name}")
+    return alerts
+
+
+def cmd_static(args):
+    fails, exprs = Failures(), []
+    check_dashboard(args.dashboard, fails, exprs)
+    alerts = check_rules(args.rules, args.rule_tests, args.runbook, fails, exprs)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(exprs, f, indent=1)
+    # JSON is YAML: one recording rule per expression lets promtool parse them all offline.
+    rules = [{"record": f"monitoring_check:expr_{i}", "expr": e["expr"]} for i, e in enumerate(exprs)]
+    with open(args.promtool_rules, "w", encoding="utf-8") as f:
+        json.dump({"groups": [{"name": "extracted", "rules": rules}]}, f, indent=1)
+    counts = {}
+    for e in exprs:
+        counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+    print(f"static: {len(exprs)} expressions extracted "
+          f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); {len(alerts)} alerts")
+    return 0 if fails.report("static checks") else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# render: temporary configs for the end-to-end check
+
+
+def cmd_render(args):
+    import yaml
+
+    cfg = load_yaml(args.toolgate_config)
+    cfg["listen"] = {"agent": f"127.0.0.1:{args.agent_port}", "admin": f"127.0.0.1:{args.admin_port}",
+                     "telemetry": f"127.0.0.1:{args.telemetry_port}"}
+    cfg.setdefault("store", {})["kind"] = "memory"
+    cfg["store"].pop("nodes", None)
+    for rewrite in args.upstream or []:
+        old, new = rewrite.split("=", 1)
+        hits = 0
+        for tool in cfg.get("tools") or []:
+            if tool.get("upstream", "").startswith(old):
+                tool["upstream"] = new + tool["upstream"][len(old):]
+                hits += 1
+        if not hits:
+            sys.exit(f"render: no tool upstream starts with {old}")
+    with open(args.toolgate_out, "w", encoding="utf-8") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+
+    prom = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [args.rules],
+        "scrape_configs": [{
+            "job_name": "toolgate",
+            "static_configs": [{
+                "targets": [f"127.0.0.1:{args.telemetry_port}"],
+                # In Kubernetes these come from target relabeling; the dashboard filters on them.
+                "labels": {"namespace": "local", "pod": "toolgate-local"},
+            }],
+        }],
+    }
+    with open(args.prometheus_out, "w", encoding="utf-8") as f:
+        json.dump(prom, f, indent=1)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# wait-http, free-ports
+
+
+def http_get(url, timeout=5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read()
+
+
+def cmd_wait_http(args):
+    deadline = time.monotonic() + args.timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            status, _ = http_get(args.url, timeout=2)
+            if status == 200:
+                return 0
+            last = f"HTTP {status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except (OSError, ValueError) as e:
+            last = str(e)
+        time.sleep(0.2)
+    print(f"wait-http: {args.url} not 200 after {args.timeout}s ({last})", file=sys.stderr)
+    return 1
+
+
+def cmd_wait_query(args):
+    base = args.prometheus.rstrip("/")
+    deadline = time.monotonic() + args.timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            series, err = prom_query(base, args.expr)
+            if err:
+                print(f"wait-query: {args.expr}: {err}", file=sys.stderr)
+                return 1
+            if series:
+                return 0
+            last = "empty result"
+        except (OSError, ValueError) as e:
+            last = str(e)
+        time.sleep(0.5)
+    print(f"wait-query: {args.expr}: {last} after {args.timeout}s", file=sys.stderr)
+    return 1
+
+
+def cmd_free_ports(args):
+    socks = []
+    for _ in range(args.n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    print(" ".join(str(s.getsockname()[1]) for s in socks))
+    for s in socks:
+        s.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# query: every expression against a live Prometheus
+
+# Expressions that may be empty in a healthy scenario on the memory store, each with the reason.
+# Matched against the expression text (after variable substitution) or, for alerts, the name.
+ALLOWED_EMPTY_ALERTS = {
+    "ToolgateResultTooLarge": "fires above 1/min sustained for 10m; the scenario causes a handful",
+    "ToolgateStoreUnavailable": "the memory store is always available",
+    "ToolgateStoreErrors": "the memory store does not fail",
+    "ToolgateToolErrorShareHigh": "needs at least 20 calls of one tool in 10m",
+    "ToolgateLatencyP99High": "sample tools answer well under 5s",
+    "ToolgateUnknownFailureLayer": "every error code maps to a layer",
+}
+ALLOWED_EMPTY_EXPRS = [
+    ("toolgate_store_errors_total", "the memory store does not fail"),
+    ('code="STORE_UNAVAILABLE"', "the memory store is always available"),
+    ('layer="UNKNOWN"', "every error code maps to a layer; UNKNOWN means a toolgate defect"),
+]
+RELOAD_ALLOWED = ("toolgate_config_reloads_total", "the config reload step was skipped")
+# Alerts the scenario must leave silent (neither pending nor firing).
+MUST_NOT_ALERT = ["ToolgateStoreUnavailable", "ToolgateStoreErrors", "ToolgateUnknownFailureLayer"]
+
+
+def prom_query(base, expr):
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        _, body = http_get(url, timeout=10)
+    except urllib.error.HTTPError as e:
+        body = e.read()
+    doc = json.loads(body)
+    if doc.get("status") != "success":
+        return None, f"{doc.get('errorType')}: {doc.get('error')}"
+    data = doc["data"]
+    if data["resultType"] in ("vector", "matrix"):
+        return data["result"], None
+    return [{"metric": {}, "value": data["result"]}], None  # scalar or string
+
+
+def allowed_empty(e, reload_done):
+    if e["kind"] == "alert" and e["alert"] in ALLOWED_EMPTY_ALERTS:
+        return ALLOWED_EMPTY_ALERTS[e["alert"]]
+    for needle, reason in ALLOWED_EMPTY_EXPRS:
+        if needle in e["expr"]:
+            return reason
+    if not reload_done and RELOAD_ALLOWED[0] in e["expr"]:
+        return RELOAD_ALLOWED[1]
+    return None
+
+
+def cmd_query(args):
+    with open(args.exprs, encoding="utf-8") as f:
+        exprs = json.load(f)
+    base = args.prometheus.rstrip("/")
+    deadline = time.monotonic() + args.timeout
+    while True:
+        results, invalid, missing = [], [], []
+        for e in exprs:
+            series, err = prom_query(base, e["expr"])
+            n = len(series or [])
+            reason = allowed_empty(e, args.reload_done)
+            if not err and e["kind"] == "variable":
+                # The variable's label must be set on every series, or its filter cannot match.
+                label = e["source"].split()[-1]
+                values = sorted({s["metric"].get(label, "") for s in series})
+                if "" in values:
+                    err = f"series without a {label} label: is the scrape attaching it?"
+                else:
+                    e = dict(e, source=f"{e['source']} = {', '.join(values)}")
+            results.append((e, n, err, reason))
+            if err:
+                invalid.append(e)
+            elif n == 0 and not reason:
+                missing.append(e)
+        alert_problems = check_alerts(base, args.reload_done)
+        if invalid or (not missing and not alert_problems) or time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+
+    for e, n, err, reason in results:
+        if err:
+            state = f"INVALID: {err}"
+        elif n:
+            state = f"ok, {n} series"
+        elif reason:
+            state = f"empty, allowed: {reason}"
+        else:
+            state = "EMPTY: the scenario should have produced series"
+        print(f"  {e['source']:<48} {state}")
+        if err or (n == 0 and not reason):
+            print("      " + " ".join(e["expr"].split()))
+    for p in alert_problems:
+        print(f"  alert check: {p}")
+    nonempty = sum(1 for _, n, err, _ in results if not err and n)
+    print(f"{len(results)} expressions checked, {nonempty} non-empty, "
+          f"{len(invalid)} invalid, {len(missing)} unexpectedly empty")
+    return 0 if not invalid and not missing and not alert_problems else 1
+
+
+def check_alerts(base, reload_done):
+    """Rule health from /api/v1/rules and the alerts the scenario must (not) raise."""
+    problems = []
+    _, body = http_get(f"{base}/api/v1/rules", timeout=10)
+    groups = json.loads(body)["data"]["groups"]
+    seen = 0
+    for g in groups:
+        for r in g["rules"]:
+            seen += 1
+            if r.get("health") != "ok":
+                problems.append(f"rule {r.get('name')} health {r.get('health')}: {r.get('lastError')}")
+    if seen == 0:
+        problems.append("Prometheus loaded no rules")
+    _, body = http_get(f"{base}/api/v1/alerts", timeout=10)
+    active = {}
+    for a in json.loads(body)["data"]["alerts"]:
+        active.setdefault(a["labels"]["alertname"], set()).add(a["state"])
+    for name in MUST_NOT_ALERT:
+        if name in active:
+            problems.append(f"{name} is {sorted(active[name])} in a healthy scenario")
+    if reload_done and "firing" not in active.get("ToolgateConfigReloadFailed", set()):
+        problems.append("ToolgateConfigReloadFailed is not firing after a rejected reload")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("static")
+    s.add_argument("--dashboard", required=True)
+    s.add_argument("--rules", required=True)
+    s.add_argument("--rule-tests", required=True)
+    s.add_argument("--runbook", required=True)
+    s.add_argument("--out", required=True, help="JSON list of extracted expressions")
+    s.add_argument("--promtool-rules", required=True, help="rules file for promtool check rules")
+    s.set_defaults(fn=cmd_static)
+
+    s = sub.add_parser("render")
+    s.add_argument("--toolgate-config", required=True)
+    s.add_argument("--toolgate-out", required=True)
+    s.add_argument("--prometheus-out", required=True)
+    s.add_argument("--rules", required=True)
+    s.add_argument("--agent-port", type=int, required=True)
+    s.add_argument("--admin-port", type=int, required=True)
+    s.add_argument("--telemetry-port", type=int, required=True)
+    s.add_argument("--upstream", action="append", help="OLD=NEW rewrite of tool upstream URLs")
+    s.set_defaults(fn=cmd_render)
+
+    s = sub.add_parser("wait-http")
+    s.add_argument("url")
+    s.add_argument("--timeout", type=float, default=30)
+    s.set_defaults(fn=cmd_wait_http)
+
+    s = sub.add_parser("wait-query")
+    s.add_argument("--prometheus", required=True)
+    s.add_argument("expr")
+    s.add_argument("--timeout", type=float, default=30)
+    s.set_defaults(fn=cmd_wait_query)
+
+    s = sub.add_parser("free-ports")
+    s.add_argument("n", type=int)
+    s.set_defaults(fn=cmd_free_ports)
+
+    s = sub.add_parser("query")
+    s.add_argument("--prometheus", required=True)
+    s.add_argument("--exprs", required=True)
+    s.add_argument("--timeout", type=float, default=60, help="seconds to wait for series to appear")
+    s.add_argument("--reload-done", action="store_true", help="a rejected and an applied reload happened")
+    s.set_defaults(fn=cmd_query)
+
+    args = ap.parse_args()
+    sys.exit(args.fn(args))
+
+
+if __name__ == "__main__":
+    main()
