@@ -650,3 +650,24 @@ async fn serve_refuses_bad_settings_and_tls_files() {
             .is_ok()
     );
 }
+
+#[test]
+fn minimal_hand_written_review_is_judged_on_its_pod() {
+    // No userInfo, kind or resource: what a hand-written review or a test tool sends.
+    let mut doc = document("inject_native.json");
+    let request = doc["request"].as_object_mut().unwrap();
+    for key in ["userInfo", "kind", "resource", "requestKind", "requestResource"] {
+        request.remove(key);
+    }
+    let (status, body) = review(doc.to_string().as_bytes(), &settings());
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let response = &body["response"];
+    assert_eq!(response["uid"], doc["request"]["uid"]);
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(response["patchType"], "JSONPatch");
+    let patch = patch_of(response);
+    let mut pod = doc["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    assert_eq!(pod["spec"]["initContainers"][0]["name"], "toolgate");
+}
