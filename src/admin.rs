@@ -61,7 +61,10 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
         (Method::POST, ["v1", "runs", run, "cancel"]) => {
             let run = run_id(run)?;
             let view = close(state, run, RunState::Cancelled).await?;
-            state.calls.cancel(run);
+            // An ended run stays ended, and its calls in flight finish normally.
+            if view.state == RunState::Cancelled {
+                state.calls.cancel(run);
+            }
             Ok((StatusCode::OK, run_json(&view)))
         }
         (Method::GET, ["v1", "runs", run, "facts"]) => {

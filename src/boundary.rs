@@ -16,7 +16,6 @@ use crate::error::{Code, Error, SizeStage};
 use crate::preflight::{self, Admitted, Incoming, Rejection};
 use crate::projection::{self, Evidence, Projected, Projector};
 use crate::store::{Finalized, Record, RunView, Status};
-use crate::telemetry::UNKNOWN_TOOL;
 use crate::upstream::{ToolRequest, UpstreamError};
 
 /// What the agent is told: a projected result or an error, with the id to echo.
@@ -130,11 +129,7 @@ struct Reserved {
 async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection> {
     let policy = state.policy.get();
     if state.is_draining() {
-        return Err(Rejection {
-            error: Error::new(Code::ShuttingDown),
-            tool_call_id: None,
-            tool_label: UNKNOWN_TOOL.to_string(),
-        });
+        return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let identified = preflight::identify(&policy, &state.tokens, incoming)?;
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {

@@ -276,7 +276,10 @@ fn fill_optional_fields(request: &mut Map<String, Value>, object: &Value) {
         .or_insert_with(|| Value::Object(Map::new()));
     if !request.contains_key("kind") {
         let (api_version, kind) = (
-            object.get("apiVersion").and_then(Value::as_str).unwrap_or(""),
+            object
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
             object.get("kind").and_then(Value::as_str).unwrap_or(""),
         );
         let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));

@@ -111,6 +111,22 @@ impl Claims {
     }
 }
 
+/// A rejection before any check (the sidecar is draining), echoing what the request claims.
+pub fn refuse(policy: &Policy, incoming: &Incoming, code: Code) -> Rejection {
+    let claims = Claims::read(&incoming.form, &incoming.headers, incoming.body.as_ref());
+    let tool = claims.tool.as_deref().and_then(|t| policy.tool(t));
+    rejection(&claims, tool, code)
+}
+
+/// A rejection found before step 6: the safe id the request carried, the tool label if known.
+fn rejection(claims: &Claims, tool: Option<&Arc<Tool>>, code: Code) -> Rejection {
+    Rejection {
+        error: Error::new(code),
+        tool_call_id: claims.safe_id(),
+        tool_label: tool.map_or(UNKNOWN_TOOL.to_string(), |t| t.name.clone()),
+    }
+}
+
 /// Steps 1–6.
 pub fn identify(
     policy: &Policy,
@@ -119,13 +135,7 @@ pub fn identify(
 ) -> Result<Identified, Rejection> {
     let claims = Claims::read(&incoming.form, &incoming.headers, incoming.body.as_ref());
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
-    let reject = |code: Code| Rejection {
-        error: Error::new(code),
-        tool_call_id: claims.safe_id(),
-        tool_label: tool
-            .as_ref()
-            .map_or(UNKNOWN_TOOL.to_string(), |t| t.name.clone()),
-    };
+    let reject = |code: Code| rejection(&claims, tool.as_ref(), code);
 
     // 1. Size: the tool's own limit once it is known, the global one before.
     let limit = tool

@@ -20,6 +20,19 @@ use crate::projection::Evidence;
 /// Label value for a tool name that is not configured: keeps cardinality bounded.
 pub const UNKNOWN_TOOL: &str = "_unknown";
 
+/// Every store operation [`Metrics::store_op`] times: the closed set of `op` label values.
+pub const STORE_OPS: [&str; 9] = [
+    "create_run",
+    "get_run",
+    "end_run",
+    "cancel_run",
+    "reserve",
+    "finalize",
+    "get_record",
+    "facts",
+    "ping",
+];
+
 /// Latency buckets from 0.25 ms to 60 s.
 const BUCKETS: [f64; 16] = [
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0,
@@ -163,6 +176,14 @@ impl Metrics {
             "Config file reload attempts, by result",
             config_reloads.clone(),
         );
+        // Counters of closed label sets start at 0, so they are exported (and rate() and
+        // alerts see their first increment) before anything happened.
+        for op in STORE_OPS {
+            let _ = store_errors.get_or_create(&OpLabels { op });
+        }
+        for result in ["ok", "error"] {
+            let _ = config_reloads.get_or_create(&ResultLabels { result });
+        }
         Metrics {
             registry,
             invocations,
@@ -254,6 +275,7 @@ impl Metrics {
         op: &'static str,
         fut: impl std::future::Future<Output = crate::error::Result<T>>,
     ) -> crate::error::Result<T> {
+        debug_assert!(STORE_OPS.contains(&op), "unlisted store op {op}");
         let started = std::time::Instant::now();
         let result = fut.await;
         let unavailable = matches!(&result, Err(e) if e.code == Code::StoreUnavailable);

@@ -656,7 +656,13 @@ fn minimal_hand_written_review_is_judged_on_its_pod() {
     // No userInfo, kind or resource: what a hand-written review or a test tool sends.
     let mut doc = document("inject_native.json");
     let request = doc["request"].as_object_mut().unwrap();
-    for key in ["userInfo", "kind", "resource", "requestKind", "requestResource"] {
+    for key in [
+        "userInfo",
+        "kind",
+        "resource",
+        "requestKind",
+        "requestResource",
+    ] {
         request.remove(key);
     }
     let (status, body) = review(doc.to_string().as_bytes(), &settings());

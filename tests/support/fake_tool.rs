@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -29,6 +29,8 @@ pub struct Seen {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Value,
+    /// The body exactly as received.
+    pub body_text: String,
 }
 
 /// A running fake tool service.
@@ -38,20 +40,27 @@ pub struct FakeTool {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Bytes the endless route managed to send before the client stopped reading.
     pub endless_sent: Arc<AtomicU64>,
+    /// Set once an endless body was dropped: its connection ended and it sends no more.
+    pub endless_closed: Arc<AtomicBool>,
 }
 
 impl FakeTool {
     pub async fn start() -> FakeTool {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake tool");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake tool");
         let tool = FakeTool {
             addr: listener.local_addr().expect("addr"),
             seen: Arc::default(),
             endless_sent: Arc::default(),
+            endless_closed: Arc::default(),
         };
         let t = tool.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let t = t.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -96,21 +105,28 @@ impl FakeTool {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
             .collect();
-        let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let bytes = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
         let input: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         self.seen.lock().expect("lock").push(Seen {
             path: path.clone(),
             headers,
             body: input.clone(),
+            body_text: String::from_utf8_lossy(&bytes).to_string(),
         });
         if let Some(ms) = input.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let item = |i: usize| {
-            json!({"title": format!("t{i}"), "url": format!("https://e.x/{i}"), "snippet": "s", "extra": RAW_MARKER})
-        };
+        let item = |i: usize| json!({"title": format!("t{i}"), "url": format!("https://e.x/{i}"), "snippet": "s", "extra": RAW_MARKER});
         match path.as_str() {
-            "/search" | "/slow" => json(200, json!({"results": (0..7).map(item).collect::<Vec<_>>()})),
+            "/search" | "/slow" => json(
+                200,
+                json!({"results": (0..7).map(item).collect::<Vec<_>>()}),
+            ),
             "/empty" => json(200, json!({"results": []})),
             "/null" => json(200, json!({"results": null})),
             "/object" => json(200, json!({"results": item(0)})),
@@ -118,13 +134,25 @@ impl FakeTool {
             "/unresolved" => json(200, json!({"other": RAW_MARKER})),
             "/fail" => json(500, json!({"error": RAW_MARKER})),
             "/notjson" => text(200, format!("<html>{RAW_MARKER}</html>")),
-            "/big" => json(200, json!({"results": [{"blob": "x".repeat(2 << 20)}], "m": RAW_MARKER})),
+            "/big" => json(
+                200,
+                json!({"results": [{"blob": "x".repeat(2 << 20)}], "m": RAW_MARKER}),
+            ),
             "/bigfail" => text(503, format!("{RAW_MARKER}{}", "y".repeat(2 << 20))),
-            "/wide" => json(200, json!({"results": (0..200).map(|i| json!({"title": format!("{i}{}", "w".repeat(300))})).collect::<Vec<_>>()})),
-            "/echo" => json(200, json!({"results": {"input": input, "extra": RAW_MARKER}})),
+            "/wide" => json(
+                200,
+                json!({"results": (0..200).map(|i| json!({"title": format!("{i}{}", "w".repeat(300))})).collect::<Vec<_>>()}),
+            ),
+            "/echo" => json(
+                200,
+                json!({"results": {"input": input, "extra": RAW_MARKER}}),
+            ),
             // 'é' is 1 char and 2 bytes: 6000 chars fit a 8000 limit by count, not by bytes.
             "/utf8" => json(200, json!({"results": {"text": "é".repeat(6000)}})),
-            "/endless" => Response::new(FakeBody::Endless(self.endless_sent.clone())),
+            "/endless" => Response::new(FakeBody::Endless(Endless {
+                sent: self.endless_sent.clone(),
+                closed: self.endless_closed.clone(),
+            })),
             _ => json(404, json!({"error": "no route"})),
         }
     }
@@ -133,7 +161,8 @@ impl FakeTool {
 fn json(status: u16, v: Value) -> Response<FakeBody> {
     let mut r = Response::new(FakeBody::Full(Some(Bytes::from(v.to_string()))));
     *r.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
-    r.headers_mut().insert("content-type", "application/json".parse().expect("ct"));
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().expect("ct"));
     r
 }
 
@@ -146,7 +175,19 @@ fn text(status: u16, s: String) -> Response<FakeBody> {
 /// A complete body, or one that never ends (chunked, 64 KiB frames, counted as sent).
 pub enum FakeBody {
     Full(Option<Bytes>),
-    Endless(Arc<AtomicU64>),
+    Endless(Endless),
+}
+
+/// The never-ending body: counts what it sent and flags when hyper dropped it.
+pub struct Endless {
+    sent: Arc<AtomicU64>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Drop for Endless {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Body for FakeBody {
@@ -159,7 +200,7 @@ impl Body for FakeBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             FakeBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            FakeBody::Endless(sent) => {
+            FakeBody::Endless(Endless { sent, .. }) => {
                 const CHUNK: usize = 64 * 1024;
                 // Stop at 200 MiB so a broken client cannot hang the test forever.
                 if sent.fetch_add(CHUNK as u64, Ordering::SeqCst) > 200 << 20 {

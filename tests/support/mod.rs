@@ -2,11 +2,13 @@
 //! and (for the Redis tests) a real Redis Cluster.
 #![allow(dead_code)]
 
+pub mod boundary_cases;
 pub mod fake_tool;
 pub mod sidecar;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// A fresh, unique temp directory (removed by the caller when it cares).
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -38,7 +40,36 @@ pub fn store_yaml(redis_nodes: Option<&[String]>) -> String {
         None => "store: {kind: memory, record_ttl_ms: 600000}\n".to_string(),
         Some(nodes) => format!(
             "store: {{kind: redis-cluster, nodes: [{}], record_ttl_ms: 600000, timeout_ms: 2000}}\n",
-            nodes.iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", ")
+            nodes
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
+    }
+}
+
+/// A polling deadline: `tick` waits a little, and fails the test once the deadline has passed.
+pub struct Deadline {
+    until: tokio::time::Instant,
+    what: String,
+}
+
+impl Deadline {
+    pub fn after(within: Duration, what: impl Into<String>) -> Deadline {
+        Deadline {
+            until: tokio::time::Instant::now() + within,
+            what: what.into(),
+        }
+    }
+
+    /// Call between two polls of the awaited condition.
+    pub async fn tick(&self) {
+        assert!(
+            tokio::time::Instant::now() < self.until,
+            "timed out waiting for {}",
+            self.what
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,8 +28,8 @@ pub struct Sidecar {
     pub telemetry: SocketAddr,
     pub config_path: PathBuf,
     http: Client<HttpConnector, Full<Bytes>>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<toolgate::error::Result<()>>>,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<toolgate::error::Result<()>>>>,
 }
 
 /// An HTTP answer: status and JSON body (`Value::String` when the body is not JSON).
@@ -48,9 +49,15 @@ impl Sidecar {
         let config = Config::load(&config_path).expect("test config is valid");
         let localhost: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         let listeners = Listeners {
-            agent: tokio::net::TcpListener::bind(localhost).await.expect("bind"),
-            admin: tokio::net::TcpListener::bind(localhost).await.expect("bind"),
-            telemetry: tokio::net::TcpListener::bind(localhost).await.expect("bind"),
+            agent: tokio::net::TcpListener::bind(localhost)
+                .await
+                .expect("bind"),
+            admin: tokio::net::TcpListener::bind(localhost)
+                .await
+                .expect("bind"),
+            telemetry: tokio::net::TcpListener::bind(localhost)
+                .await
+                .expect("bind"),
         };
         let (agent, admin, telemetry) = listeners.addrs().expect("addrs");
         let tokens = Tokens::new(ADMIN_TOKEN, None).expect("tokens");
@@ -68,8 +75,8 @@ impl Sidecar {
             telemetry,
             config_path,
             http: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
-            stop: Some(stop),
-            task: Some(task),
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(task)),
         };
         sidecar.wait_ready().await;
         sidecar
@@ -82,17 +89,31 @@ impl Sidecar {
             if self.get_telemetry("/readyz").await.0 == 200 {
                 return;
             }
-            assert!(tokio::time::Instant::now() < deadline, "sidecar never became ready");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "sidecar never became ready"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
     /// Begins the drain (as SIGTERM does) and returns the run task.
-    pub fn begin_shutdown(&mut self) -> JoinHandle<toolgate::error::Result<()>> {
-        if let Some(stop) = self.stop.take() {
+    pub fn begin_shutdown(&self) -> JoinHandle<toolgate::error::Result<()>> {
+        if let Some(stop) = self.stop.lock().expect("lock").take() {
             let _ = stop.send(());
         }
-        self.task.take().expect("sidecar already shut down")
+        self.task
+            .lock()
+            .expect("lock")
+            .take()
+            .expect("sidecar already shut down")
+    }
+
+    /// Replaces the config file atomically (write + rename), so the watcher never reads half a file.
+    pub fn rewrite_config(&self, config_yaml: &str) {
+        let tmp = self.config_path.with_extension("yaml.tmp");
+        std::fs::write(&tmp, config_yaml).expect("write config");
+        std::fs::rename(&tmp, &self.config_path).expect("replace config");
     }
 
     /// Sends any request. `token` becomes `Authorization: Bearer <token>`.
@@ -123,8 +144,14 @@ impl Sidecar {
     /// An admin request with the admin token.
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        self.send(method, format!("http://{}{path}", self.admin), Some(ADMIN_TOKEN), &[], body)
-            .await
+        self.send(
+            method,
+            format!("http://{}{path}", self.admin),
+            Some(ADMIN_TOKEN),
+            &[],
+            body,
+        )
+        .await
     }
 
     /// Creates a run; returns its token. Panics unless the answer is 201.
@@ -135,19 +162,44 @@ impl Sidecar {
     }
 
     /// An envelope call.
-    pub async fn invoke(&self, token: &str, run_id: &str, id: &str, tool: &str, input: Value) -> Reply {
+    pub async fn invoke(
+        &self,
+        token: &str,
+        run_id: &str,
+        id: &str,
+        tool: &str,
+        input: Value,
+    ) -> Reply {
         let body = json!({"run_id": run_id, "tool_call_id": id, "tool": tool, "input": input});
         self.invoke_raw(Some(token), body.to_string(), &[]).await
     }
 
     /// An envelope call with any body and headers.
-    pub async fn invoke_raw(&self, token: Option<&str>, body: impl Into<Bytes>, headers: &[(&str, &str)]) -> Reply {
-        self.send("POST", format!("http://{}/v1/invoke", self.agent), token, headers, body)
-            .await
+    pub async fn invoke_raw(
+        &self,
+        token: Option<&str>,
+        body: impl Into<Bytes>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        self.send(
+            "POST",
+            format!("http://{}/v1/invoke", self.agent),
+            token,
+            headers,
+            body,
+        )
+        .await
     }
 
     /// An intercept call: `POST /tools/{tool}` with the ids as headers.
-    pub async fn intercept(&self, token: &str, run_id: &str, id: &str, tool: &str, body: impl Into<Bytes>) -> Reply {
+    pub async fn intercept(
+        &self,
+        token: &str,
+        run_id: &str,
+        id: &str,
+        tool: &str,
+        body: impl Into<Bytes>,
+    ) -> Reply {
         self.send(
             "POST",
             format!("http://{}/tools/{tool}", self.agent),
@@ -166,7 +218,12 @@ impl Sidecar {
         match self.http.request(req).await {
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                let bytes = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let bytes = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
                 (status, String::from_utf8_lossy(&bytes).to_string())
             }
             Err(_) => (0, String::new()),
@@ -176,11 +233,44 @@ impl Sidecar {
     pub async fn metrics(&self) -> String {
         self.get_telemetry("/metrics").await.1
     }
+
+    /// The sum of the `/metrics` samples named `name` whose labels include `labels`.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        metric(&self.metrics().await, name, labels)
+    }
+}
+
+/// The sum of the samples of a Prometheus text exposition named `name` whose labels include
+/// every pair of `labels`; `None` when no sample matches.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut sum = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (sample_name, label_text) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if sample_name != name {
+            continue;
+        }
+        let found: Vec<(&str, &str)> = label_text
+            .split(',')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k, v.trim_matches('"')))
+            .collect();
+        if labels.iter().all(|l| found.contains(l)) {
+            let v: f64 = value.parse().expect("sample value");
+            sum = Some(sum.unwrap_or(0.0) + v);
+        }
+    }
+    sum
 }
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
+        if let Some(task) = self.task.get_mut().ok().and_then(Option::take) {
             task.abort();
         }
     }
