@@ -11,6 +11,7 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::auth::Tokens;
 use crate::boundary::{Calls, RunCache, RunSpec};
@@ -161,23 +162,35 @@ pub async fn run(
             },
         ));
     }
+    let (stop, stopped) = watch::channel(false);
+    let mut listening = tokio::task::JoinSet::new();
     let s = state.clone();
-    tasks.spawn(http::serve(listeners.agent, move |req| {
-        agent::handle(s.clone(), req)
-    }));
+    listening.spawn(http::serve(
+        listeners.agent,
+        move |req| agent::handle(s.clone(), req),
+        stopped.clone(),
+    ));
     let s = state.clone();
-    tasks.spawn(http::serve(listeners.admin, move |req| {
-        admin::handle(s.clone(), req)
-    }));
+    listening.spawn(http::serve(
+        listeners.admin,
+        move |req| admin::handle(s.clone(), req),
+        stopped.clone(),
+    ));
     let s = state.clone();
-    tasks.spawn(http::serve(listeners.telemetry, move |req| {
-        telemetry(s.clone(), req)
-    }));
+    listening.spawn(http::serve(
+        listeners.telemetry,
+        move |req| telemetry(s.clone(), req),
+        stopped,
+    ));
 
     shutdown.await;
     state.draining.store(true, Ordering::SeqCst);
     tracing::info!("draining: waiting for calls in flight");
     state.calls.drained().await;
+    // Listeners kept answering during the drain (SHUTTING_DOWN, /readyz 503); now they stop
+    // and let the last responses reach their clients.
+    stop.send_replace(true);
+    listening.join_all().await;
     tasks.shutdown().await;
     tracing::info!("drained");
     Ok(())

@@ -145,6 +145,11 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
 
     // Registered before reserving, so a cancel that lands after the reservation is seen.
     let guard = state.calls.enter(&call.run_id);
+    // Checked again once registered: either the drain sees this call, or this call sees the
+    // drain (both sides use SeqCst), so no call runs after the drain found none in flight.
+    if state.is_draining() {
+        return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
+    }
     let now = clock::now_ms();
     let record = Record::projecting(
         &call.run_id,

@@ -53,7 +53,9 @@ async fn demo() -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot bind the sample tool: {e}"))?;
     let tool_addr = tool.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(http::serve(tool, sample_tool));
+    // The sample tool lives as long as the process: its stop signal never fires.
+    let (_keep, never) = tokio::sync::watch::channel(false);
+    tokio::spawn(http::serve(tool, sample_tool, never));
 
     let config = Config::parse(&DEMO_CONFIG.replace("TOOL", &tool_addr.to_string()))
         .map_err(|e| e.to_string())?;
