@@ -1,59 +1,636 @@
-//! The Redis Cluster store.
+//! The Redis Cluster store: every rule of SPEC §5 runs inside one Lua script per write, so each
+//! write is one atomic step on the primary that owns the run's hash slot.
+//!
+//! Round trips per successful call, on a warm connection (scripts already cached):
+//!
+//! | operation    | round trips | commands |
+//! |--------------|-------------|----------|
+//! | `create_run` | 1 | `EVALSHA run_create` |
+//! | `get_run`    | 1 | `HGETALL` |
+//! | `close_run`  | 1 | `EVALSHA run_close` |
+//! | `reserve`    | 1 | `EVALSHA reserve` |
+//! | `finalize`   | 1 | `EVALSHA finalize`; with `durability: replica` pipelined with `WAIT 1` on the same connection (still one round trip, its latency includes the replica's ack) |
+//! | `get_record` | 1 | pipelined `GET` + `PTTL` |
+//! | `progress`   | 1 | `EVALSHA progress` |
+//! | `ping`       | 1 per primary, concurrently | `PING` |
+//!
+//! So a tool call costs 2 round trips (reserve + finalize). A script missing from a node's cache
+//! (first use, a restarted or promoted node) costs `NOSCRIPT`, `SCRIPT LOAD` and a retry once.
+//!
+//! Failure handling: every operation is bounded by `store.timeout_ms`, including the client's
+//! own retries on `MOVED`/`ASK`/`TRYDOWN`/`CLUSTERDOWN` and reconnections; past it, or on any
+//! connection or cluster error, the caller gets `STORE_UNAVAILABLE`. The cluster connection
+//! rebuilds its slot map and reconnects by itself, so the store recovers without a restart.
+//!
+//! A write whose reply was lost (a connection dropped after the script ran) may be retried by the
+//! client: a retried reserve then answers `DUPLICATE_TOOL_CALL`, a retried finalize `INTERNAL`.
+//! Both fail the call closed; neither spends a budget twice nor overwrites a final record.
 
-use super::{Finalized, NewRun, ProgressEntry, Record, RunState, RunView, Store, StoreFuture};
-use crate::config::StoreConfig;
-use crate::error::{Error, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::{Script, ServerErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use super::{
+    Budget, Finalized, Keys, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView,
+    Store, StoreFuture, check_projecting,
+};
+use crate::config::{Durability, StoreConfig};
+use crate::error::{Code, Error, Result, SizeStage};
 
 /// Redis Cluster store.
 pub struct RedisStore {
-    _cfg: StoreConfig,
+    conn: ClusterConnection,
+    /// Connections for finalize with `durability: replica`, `None` with `primary`.
+    waiters: Option<WaitPool>,
+    keys: Keys,
+    record_ttl_ms: u64,
+    timeout: Duration,
+    scripts: Scripts,
 }
 
+struct Scripts {
+    reserve: Script,
+    finalize: Script,
+    run_create: Script,
+    run_close: Script,
+    progress: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            reserve: Script::new(include_str!("reserve.lua")),
+            finalize: Script::new(include_str!("finalize.lua")),
+            run_create: Script::new(include_str!("run_create.lua")),
+            run_close: Script::new(include_str!("run_close.lua")),
+            progress: Script::new(include_str!("progress.lua")),
+        }
+    }
+
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.reserve,
+            &self.finalize,
+            &self.run_create,
+            &self.run_close,
+            &self.progress,
+        ]
+    }
+}
+
+/// The fixed part of a run, kept as one JSON field of the run hash. The fields the scripts
+/// compare (state, deadline, budgets, counters) are hash fields of their own.
+#[derive(Serialize, Deserialize)]
+struct RunSpec {
+    run_id: String,
+    created_ms: u64,
+    deadline_ms: u64,
+    budget: Budget,
+    tools: Option<Vec<String>>,
+}
+
+/// Per-tool counters and caps live in the run hash as `used:<tool>` and `cap:<tool>`.
+const USED: &str = "used:";
+
 impl RedisStore {
-    /// Connects to the cluster.
+    /// Connects to the cluster and loads the scripts on every node. Fails with
+    /// `STORE_UNAVAILABLE` if the cluster does not answer within `store.timeout_ms`.
     pub async fn connect(cfg: &StoreConfig) -> Result<RedisStore> {
-        Err(Error::store(format!(
-            "redis-cluster store not built yet ({} nodes)",
-            cfg.nodes.len()
-        )))
+        if cfg.nodes.iter().any(|n| n.starts_with("rediss://")) {
+            // redis-rs builds its rustls config from the process-wide provider; ring is the only
+            // one compiled in. An Err only means a provider is already installed.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = ClusterClient::builder(cfg.nodes.iter().map(String::as_str))
+            .connection_timeout(cfg.timeout)
+            .response_timeout(cfg.timeout)
+            .overall_response_timeout(Some(cfg.timeout))
+            // Redirects and a failover need a few retries; the overall timeout bounds them.
+            .retries(5)
+            .min_retry_wait(10)
+            .max_retry_wait(cfg.timeout.as_millis() as u64 / 4 + 1)
+            .build()
+            .map_err(|e| Error::store(format!("redis-cluster config: {e}")))?;
+        let timeout = cfg.timeout;
+        let conn = bounded(timeout, "connect", async {
+            client.get_async_connection().await.map_err(redis_err)
+        })
+        .await?;
+        let waiters = match cfg.durability {
+            Durability::Primary => None,
+            Durability::Replica => Some(WaitPool::new(client)),
+        };
+        let store = RedisStore {
+            conn,
+            waiters,
+            keys: Keys {
+                prefix: cfg.key_prefix.clone(),
+            },
+            record_ttl_ms: cfg.record_ttl_ms,
+            timeout,
+            scripts: Scripts::new(),
+        };
+        store.load_scripts().await?;
+        if let Some(waiters) = &store.waiters {
+            // One warm connection, so the first finalize does not pay for connecting.
+            bounded(timeout, "connect", async {
+                waiters.lease().await?.release();
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(store)
+    }
+
+    /// `SCRIPT LOAD` goes to every node, replicas included, so a promoted replica has them too.
+    async fn load_scripts(&self) -> Result<()> {
+        for script in self.scripts.all() {
+            let mut conn = self.conn.clone();
+            bounded(self.timeout, "script load", async {
+                script
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(redis_err)
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs one operation within the store timeout.
+    async fn op<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        bounded(self.timeout, what, fut).await
+    }
+
+    async fn finalize_inner(&self, record: &Record, prepared: &PreparedFinal) -> Result<Finalized> {
+        let script = &self.scripts.finalize;
+        let keys = [
+            self.keys.record(&record.run_id, &record.tool_call_id),
+            self.keys.run(&record.run_id),
+            self.keys.progress(&record.run_id),
+        ];
+        let size = prepared.size().to_string();
+        let args = [
+            prepared.body.as_str(),
+            size.as_str(),
+            prepared.run_fallback.as_str(),
+            record.tool_call_id.as_str(),
+        ];
+        let code: i64 = match &self.waiters {
+            None => {
+                let mut invocation = script.prepare_invoke();
+                for key in &keys {
+                    invocation.key(key);
+                }
+                for arg in args {
+                    invocation.arg(arg);
+                }
+                invocation
+                    .invoke_async(&mut self.conn.clone())
+                    .await
+                    .map_err(redis_err)?
+            }
+            Some(waiters) => {
+                let mut lease = waiters.lease().await?;
+                let conn = &mut lease.conn;
+                // WAIT must follow the write on the connection that made it: a pipeline is routed
+                // by its first key, so both go to the slot's primary, in one round trip.
+                let wait_ms = (self.timeout.as_millis() as u64 / 2).max(1);
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors()
+                    .cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(keys.len())
+                    .arg(&keys)
+                    .arg(&args)
+                    .cmd("WAIT")
+                    .arg(1)
+                    .arg(wait_ms);
+                let mut replies: Vec<Value> = pipe.query_async(conn).await.map_err(redis_err)?;
+                if replies.first().is_some_and(is_noscript) {
+                    script.load_async(conn).await.map_err(redis_err)?;
+                    replies = pipe.query_async(conn).await.map_err(redis_err)?;
+                }
+                lease.release();
+                let [code, acks] = <[Value; 2]>::try_from(replies)
+                    .map_err(|r| Error::internal(format!("finalize pipeline gave {r:?}")))?;
+                let code = int_reply(code)?;
+                if code <= 1 {
+                    let acks = int_reply(acks)?;
+                    if acks < 1 {
+                        return Err(Error::store("no replica acknowledged the finalized record"));
+                    }
+                }
+                code
+            }
+        };
+        match code {
+            0 => Ok(prepared.written()),
+            1 => Ok(Finalized::TooLarge(SizeStage::Run)),
+            2 => Err(Error::with_cause(Code::RecordExpired, "record vanished")),
+            3 => Err(Error::internal("record is no longer PROJECTING")),
+            4 => Err(Error::with_cause(Code::RecordExpired, "run vanished")),
+            other => Err(Error::internal(format!("finalize script returned {other}"))),
+        }
     }
 }
 
 impl Store for RedisStore {
-    fn create_run(&self, _run: NewRun) -> StoreFuture<'_, RunView> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+    fn create_run(&self, run: NewRun) -> StoreFuture<'_, RunView> {
+        Box::pin(async move {
+            let view = RunView::new(run);
+            let spec = serde_json::to_string(&RunSpec {
+                run_id: view.run_id.clone(),
+                created_ms: view.created_ms,
+                deadline_ms: view.deadline_ms,
+                budget: view.budget.clone(),
+                tools: view.tools.clone(),
+            })
+            .map_err(Error::internal)?;
+            let mut invocation = self.scripts.run_create.prepare_invoke();
+            invocation
+                .key(self.keys.run(&view.run_id))
+                .key(self.keys.progress(&view.run_id))
+                .arg(view.key_ttl_ms(self.record_ttl_ms))
+                .arg(spec)
+                .arg(view.deadline_ms)
+                .arg(view.budget.max_calls)
+                .arg(view.budget.max_record_bytes);
+            for (tool, cap) in &view.budget.max_calls_per_tool {
+                invocation.arg(tool).arg(cap);
+            }
+            let created: i64 = self
+                .op("create_run", async {
+                    invocation
+                        .invoke_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            if created == 1 {
+                Ok(view)
+            } else {
+                Err(Code::RunExists.into())
+            }
+        })
     }
-    fn get_run<'a>(&'a self, _run_id: &'a str) -> StoreFuture<'a, Option<RunView>> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+
+    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunView>> {
+        Box::pin(async move {
+            let fields: HashMap<String, String> = self
+                .op("get_run", async {
+                    redis::cmd("HGETALL")
+                        .arg(self.keys.run(run_id))
+                        .query_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            if fields.is_empty() {
+                return Ok(None);
+            }
+            run_from_fields(fields).map(Some)
+        })
     }
-    fn close_run<'a>(
-        &'a self,
-        _run_id: &'a str,
-        _to: RunState,
-    ) -> StoreFuture<'a, Option<RunView>> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+
+    fn close_run<'a>(&'a self, run_id: &'a str, to: RunState) -> StoreFuture<'a, Option<RunView>> {
+        Box::pin(async move {
+            let fields: Option<HashMap<String, String>> = self
+                .op("close_run", async {
+                    self.scripts
+                        .run_close
+                        .key(self.keys.run(run_id))
+                        .arg(to.as_str())
+                        .invoke_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            fields.map(run_from_fields).transpose()
+        })
     }
-    fn reserve<'a>(&'a self, _record: &'a Record, _now_ms: u64) -> StoreFuture<'a, ()> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+
+    fn reserve<'a>(&'a self, record: &'a Record, now_ms: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            check_projecting(record)?;
+            let body = record.to_json()?;
+            let code: i64 = self
+                .op("reserve", async {
+                    self.scripts
+                        .reserve
+                        .key(self.keys.run(&record.run_id))
+                        .key(self.keys.record(&record.run_id, &record.tool_call_id))
+                        .arg(now_ms)
+                        .arg(&record.tool)
+                        .arg(body)
+                        .arg(self.record_ttl_ms)
+                        .invoke_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            match code {
+                0 => Ok(()),
+                1 => Err(Code::RunInactive.into()),
+                2 => Err(Code::RunDeadlineExceeded.into()),
+                3 => Err(Code::DuplicateToolCall.into()),
+                4 => Err(Code::BudgetExhausted.into()),
+                other => Err(Error::internal(format!("reserve script returned {other}"))),
+            }
+        })
     }
-    fn finalize<'a>(
-        &'a self,
-        _record: &'a Record,
-        _record_bytes: u64,
-    ) -> StoreFuture<'a, Finalized> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+
+    fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
+        Box::pin(async move {
+            let prepared = PreparedFinal::new(record, record_bytes)?;
+            self.op("finalize", self.finalize_inner(record, &prepared))
+                .await
+        })
     }
+
     fn get_record<'a>(
         &'a self,
-        _run_id: &'a str,
-        _id: &'a str,
+        run_id: &'a str,
+        tool_call_id: &'a str,
     ) -> StoreFuture<'a, Option<(Record, u64)>> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+        Box::pin(async move {
+            let key = self.keys.record(run_id, tool_call_id);
+            let (body, ttl): (Option<String>, i64) = self
+                .op("get_record", async {
+                    redis::pipe()
+                        .cmd("GET")
+                        .arg(&key)
+                        .cmd("PTTL")
+                        .arg(&key)
+                        .query_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            match body {
+                // PTTL is negative when the key expired between the two commands.
+                Some(body) => Ok(Some((Record::from_json(&body)?, ttl.max(0) as u64))),
+                None => Ok(None),
+            }
+        })
     }
-    fn progress<'a>(&'a self, _run_id: &'a str) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+
+    fn progress<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
+        Box::pin(async move {
+            let flat: Option<Vec<Option<String>>> = self
+                .op("progress", async {
+                    self.scripts
+                        .progress
+                        .key(self.keys.run(run_id))
+                        .key(self.keys.progress(run_id))
+                        .arg(self.keys.record(run_id, ""))
+                        .invoke_async(&mut self.conn.clone())
+                        .await
+                        .map_err(redis_err)
+                })
+                .await?;
+            let Some(flat) = flat else {
+                return Ok(None);
+            };
+            let mut out = Vec::with_capacity(flat.len() / 2);
+            let mut it = flat.into_iter();
+            while let Some(id) = it.next() {
+                let id = id.ok_or_else(|| Error::internal("progress list holds a nil id"))?;
+                let record = match it.next().flatten() {
+                    Some(body) => Some(Record::from_json(&body)?),
+                    None => None,
+                };
+                out.push((id, record));
+            }
+            Ok(Some(out))
+        })
     }
+
     fn ping(&self) -> StoreFuture<'_, ()> {
-        Box::pin(async { Err(Error::store("unimplemented")) })
+        Box::pin(async move {
+            self.op("ping", async {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                self.conn
+                    .clone()
+                    .route_command(redis::cmd("PING"), routing)
+                    .await
+                    .map(drop)
+                    .map_err(redis_err)
+            })
+            .await
+        })
+    }
+}
+
+/// Cluster connections used one finalize at a time. `WAIT` blocks the connection it runs on
+/// until a replica acknowledges or its timeout passes, so on a shared (multiplexed) connection
+/// one slow or missing replica would queue every other command behind it, and the queue would
+/// outgrow any timeout. A leased connection serves one finalize; one abandoned mid-call (the
+/// store timeout fired) is dropped, not reused, so nothing ever waits behind a stale `WAIT`.
+struct WaitPool {
+    client: ClusterClient,
+    idle: Mutex<Vec<ClusterConnection>>,
+    permits: Semaphore,
+}
+
+/// At most this many finalizes wait for replicas at once; more wait for a lease, within the
+/// store timeout. Each connection holds one socket per cluster node.
+const WAIT_CONNECTIONS: usize = 8;
+
+impl WaitPool {
+    fn new(client: ClusterClient) -> WaitPool {
+        WaitPool {
+            client,
+            idle: Mutex::new(Vec::new()),
+            permits: Semaphore::new(WAIT_CONNECTIONS),
+        }
+    }
+
+    async fn lease(&self) -> Result<Lease<'_>> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| Error::internal(format!("wait pool closed: {e}")))?;
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self
+                .client
+                .get_async_connection()
+                .await
+                .map_err(redis_err)?,
+        };
+        Ok(Lease {
+            pool: self,
+            conn,
+            reusable: false,
+            _permit: permit,
+        })
+    }
+}
+
+struct Lease<'a> {
+    pool: &'a WaitPool,
+    conn: ClusterConnection,
+    /// Set once the last command on `conn` completed.
+    reusable: bool,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Lease<'_> {
+    /// Marks the connection fit for reuse: its last command completed.
+    fn release(&mut self) {
+        self.reusable = true;
+    }
+}
+
+impl Drop for Lease<'_> {
+    /// Returns a released connection to the pool; any other is closed with its last clone.
+    fn drop(&mut self) {
+        if self.reusable {
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(self.conn.clone());
+        }
+    }
+}
+
+/// Runs `fut` within `timeout`; a timeout is `STORE_UNAVAILABLE`.
+async fn bounded<T>(
+    timeout: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(result) => result.map_err(|mut e| {
+            if e.code == Code::StoreUnavailable {
+                e.cause = format!("{what}: {}", e.cause);
+            }
+            e
+        }),
+        Err(_) => Err(Error::store(format!(
+            "{what}: no answer within {} ms",
+            timeout.as_millis()
+        ))),
+    }
+}
+
+/// Every Redis failure (I/O, timeout, `CLUSTERDOWN`, exhausted redirects, a rejected command)
+/// means the store could not do its job: `STORE_UNAVAILABLE`, the cause kept for logs.
+fn redis_err(e: redis::RedisError) -> Error {
+    Error::store(e)
+}
+
+/// One reply of a pipeline: a server error there is the store failing, like any Redis error.
+fn int_reply(v: Value) -> Result<i64> {
+    match v {
+        Value::ServerError(e) => Err(Error::store(format!("{e:?}"))),
+        v => redis::from_redis_value(v)
+            .map_err(|e| Error::internal(format!("unexpected reply: {e}"))),
+    }
+}
+
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript))
+}
+
+fn run_from_fields(mut fields: HashMap<String, String>) -> Result<RunView> {
+    let corrupt = |what: &dyn fmt::Display| Error::internal(format!("corrupt run hash: {what}"));
+    let spec: RunSpec = fields
+        .get("spec")
+        .ok_or_else(|| corrupt(&"no spec"))
+        .and_then(|s| serde_json::from_str(s).map_err(|e| corrupt(&e)))?;
+    let state = match fields.get("state").map(String::as_str) {
+        Some("ACTIVE") => RunState::Active,
+        Some("ENDED") => RunState::Ended,
+        Some("CANCELLED") => RunState::Cancelled,
+        other => return Err(corrupt(&format!("state {other:?}"))),
+    };
+    let mut number = |name: &str| -> Result<u64> {
+        fields
+            .remove(name)
+            .ok_or_else(|| corrupt(&format!("no {name}")))?
+            .parse()
+            .map_err(|e| corrupt(&e))
+    };
+    let calls_used = number("calls_used")?;
+    let record_bytes_used = number("record_bytes_used")?;
+    let mut calls_per_tool = BTreeMap::new();
+    for (field, value) in &fields {
+        if let Some(tool) = field.strip_prefix(USED) {
+            calls_per_tool.insert(tool.to_string(), value.parse().map_err(|e| corrupt(&e))?);
+        }
+    }
+    Ok(RunView {
+        run_id: spec.run_id,
+        state,
+        created_ms: spec.created_ms,
+        deadline_ms: spec.deadline_ms,
+        budget: spec.budget,
+        tools: spec.tools,
+        calls_used,
+        calls_per_tool,
+        record_bytes_used,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_hash_round_trips() {
+        let spec = RunSpec {
+            run_id: "r".into(),
+            created_ms: 5,
+            deadline_ms: 10,
+            budget: Budget {
+                max_calls: 3,
+                max_calls_per_tool: BTreeMap::from([("s".to_string(), 1)]),
+                max_record_bytes: 100,
+            },
+            tools: Some(vec!["s".into()]),
+        };
+        let fields = HashMap::from([
+            ("spec".to_string(), serde_json::to_string(&spec).unwrap()),
+            ("state".to_string(), "ENDED".to_string()),
+            ("deadline_ms".to_string(), "10".to_string()),
+            ("calls_used".to_string(), "2".to_string()),
+            ("record_bytes_used".to_string(), "40".to_string()),
+            ("cap:s".to_string(), "1".to_string()),
+            ("used:s".to_string(), "1".to_string()),
+            ("used:t".to_string(), "1".to_string()),
+        ]);
+        let run = run_from_fields(fields).unwrap();
+        assert_eq!(run.state, RunState::Ended);
+        assert_eq!(run.calls_used, 2);
+        assert_eq!(run.record_bytes_used, 40);
+        assert_eq!(
+            run.calls_per_tool,
+            BTreeMap::from([("s".to_string(), 1), ("t".to_string(), 1)])
+        );
+        assert_eq!(run.budget, spec.budget);
+    }
+
+    #[test]
+    fn a_corrupt_run_hash_is_internal() {
+        let fields = HashMap::from([("state".to_string(), "ACTIVE".to_string())]);
+        assert_eq!(run_from_fields(fields).unwrap_err().code, Code::Internal);
     }
 }
