@@ -1,13 +1,11 @@
 //! The shared store suite against the embedded `MemoryStore`, on paused tokio time.
 
-#[macro_use]
-#[path = "support/store_suite.rs"]
-mod store_suite;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use store_suite::Harness;
+use support::store_suite::Harness;
 use toolgate::store::Store;
 use toolgate::store::memory::MemoryStore;
 

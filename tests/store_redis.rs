@@ -2,11 +2,7 @@
 //! exact key layout, expiry instants that never move, races across connections, a frozen
 //! cluster, and a primary killed under load.
 
-#[macro_use]
-#[path = "support/store_suite.rs"]
-mod store_suite;
-#[path = "support/redis_cluster.rs"]
-mod redis_cluster;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis_cluster::RedisCluster;
-use store_suite::{Harness, code, error, new_run, projecting, ready};
+use support::Deadline;
+use support::redis_cluster::{self, RedisCluster};
+use support::store_suite::{Harness, code, error, new_run, projecting, ready};
 use toolgate::clock;
 use toolgate::config::{Durability, StoreConfig, StoreKind};
 use toolgate::error::Code;
@@ -401,23 +398,53 @@ async fn reservations_race_across_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_cluster_is_store_unavailable() {
+async fn a_cluster_that_comes_up_later_is_used_without_restart() {
+    let ports = redis_cluster::free_ports(6);
+    let timeout = Duration::from_millis(300);
     let cfg = StoreConfig {
         kind: StoreKind::RedisCluster,
-        // Port 1 on loopback: nothing listens, the connection is refused at once.
-        nodes: vec!["redis://127.0.0.1:1".into()],
+        nodes: ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect(),
         key_prefix: "toolgate".into(),
-        record_ttl_ms: 1000,
-        durability: Durability::Primary,
-        timeout: Duration::from_millis(300),
+        record_ttl_ms: 60_000,
+        durability: Durability::Replica,
+        timeout,
     };
+    // Nothing listens yet: the store opens, and every operation is STORE_UNAVAILABLE in time.
     let started = Instant::now();
-    let err = RedisStore::connect(&cfg)
+    let store = RedisStore::connect(&cfg)
         .await
-        .err()
-        .expect("no cluster there");
-    assert_eq!(err.code, Code::StoreUnavailable);
-    assert!(started.elapsed() < Duration::from_millis(300 * 4));
+        .expect("opening does not need the cluster");
+    assert!(started.elapsed() < timeout * 4, "connect took too long");
+    assert_unavailable("ping", timeout, store.ping()).await;
+    let run = new_run("later", 10, &[], 1 << 20, 600_000);
+    assert_unavailable("create_run", timeout, store.create_run(run.clone())).await;
+    assert_unavailable("get_run", timeout, store.get_run(&run.run_id)).await;
+
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_on(ports))
+        .await
+        .expect("spawn cluster");
+    let deadline = Deadline::after(
+        Duration::from_secs(30),
+        "the store to reach the new cluster",
+    );
+    while store.ping().await.is_err() {
+        deadline.tick().await;
+    }
+    let view = store.create_run(run).await.expect("create");
+    let a = projecting(&view, "a", "search");
+    store
+        .reserve(&a, view.created_ms + 1)
+        .await
+        .expect("reserve");
+    assert_eq!(
+        store.finalize(&ready(&a), 1 << 20).await.expect("finalize"),
+        Finalized::Written,
+        "scripts are loaded on first use and a replica acknowledges"
+    );
+    drop(cluster);
 }
 
 /// Runs `op` against a frozen cluster: it must answer STORE_UNAVAILABLE, and return.
@@ -471,17 +498,9 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
     cluster.resume();
 
     // The same store, no restart: poll until it answers again.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ok = store.ping().await.is_ok() && store.get_run(&run.run_id).await.is_ok();
-        if ok {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the store did not recover after SIGCONT"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = Deadline::after(Duration::from_secs(30), "recovery after SIGCONT");
+    while !(store.ping().await.is_ok() && store.get_run(&run.run_id).await.is_ok()) {
+        deadline.tick().await;
     }
     // Writes queued while frozen may have run after the thaw; use fresh ids.
     let c = projecting(&run, "c", "search");
@@ -523,10 +542,9 @@ impl Load {
 
     /// Polls `done` with a deadline.
     async fn wait_until(&self, what: &str, done: impl Fn(&Load) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Deadline::after(Duration::from_secs(30), what);
         while !done(self) {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            deadline.tick().await;
         }
     }
 }

@@ -9,22 +9,25 @@
 //! | `get_run`    | 1 | `HGETALL` |
 //! | `close_run`  | 1 | `EVALSHA run_close` |
 //! | `reserve`    | 1 | `EVALSHA reserve` |
-//! | `finalize`   | 1 | `EVALSHA finalize`; with `durability: replica` pipelined with `WAIT 1` on the same connection (still one round trip, its latency includes the replica's ack) |
+//! | `finalize`   | 1 | `EVALSHA finalize`; with `durability: replica`, `EVALSHA finalize` + `WAIT 1` pipelined on one connection: still 1 round trip, whose latency includes a replica's ack |
 //! | `get_record` | 1 | pipelined `GET` + `PTTL` |
 //! | `progress`   | 1 | `EVALSHA progress` |
 //! | `ping`       | 1 per primary, concurrently | `PING` |
 //!
-//! So a tool call costs 2 round trips (reserve + finalize). A script missing from a node's cache
-//! (first use, a restarted or promoted node) costs `NOSCRIPT`, `SCRIPT LOAD` and a retry once.
+//! So a tool call costs 2 round trips (reserve + finalize), with either durability. A script
+//! missing from a node's cache (first use, a restarted or promoted node) costs `NOSCRIPT`,
+//! `SCRIPT LOAD` and a retry, once.
 //!
 //! Failure handling: every operation is bounded by `store.timeout_ms`, including the client's
-//! own retries on `MOVED`/`ASK`/`TRYDOWN`/`CLUSTERDOWN` and reconnections; past it, or on any
+//! own retries on `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN` and reconnections; past it, or on any
 //! connection or cluster error, the caller gets `STORE_UNAVAILABLE`. The cluster connection
 //! rebuilds its slot map and reconnects by itself, so the store recovers without a restart.
+//! `WAIT` gets half of the timeout; the script and the network the rest.
 //!
-//! A write whose reply was lost (a connection dropped after the script ran) may be retried by the
-//! client: a retried reserve then answers `DUPLICATE_TOOL_CALL`, a retried finalize `INTERNAL`.
-//! Both fail the call closed; neither spends a budget twice nor overwrites a final record.
+//! A write whose reply was lost (a connection dropped after the script ran, or the timeout fired
+//! while it was queued) may still have happened, and the client may retry it: a retried reserve
+//! then answers `DUPLICATE_TOOL_CALL`, a retried finalize `INTERNAL`. Either way the call fails
+//! closed; no budget is spent twice and no final record is overwritten.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -32,7 +35,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::cluster::ClusterClient;
+use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use redis::{Script, ServerErrorKind, Value};
@@ -102,29 +105,32 @@ struct RunSpec {
 const USED: &str = "used:";
 
 impl RedisStore {
-    /// Connects to the cluster and loads the scripts on every node. Fails with
-    /// `STORE_UNAVAILABLE` if the cluster does not answer within `store.timeout_ms`.
+    /// Opens the store. Only an unusable node list fails here: a cluster that does not answer
+    /// yet is not an error, because the connection is made in the background and retried by
+    /// every operation, which answers `STORE_UNAVAILABLE` (and `/readyz` 503) until the cluster
+    /// is up. The sidecar thus starts before Redis and recovers without a restart.
     pub async fn connect(cfg: &StoreConfig) -> Result<RedisStore> {
         if cfg.nodes.iter().any(|n| n.starts_with("rediss://")) {
             // redis-rs builds its rustls config from the process-wide provider; ring is the only
             // one compiled in. An Err only means a provider is already installed.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        let timeout = cfg.timeout;
         let client = ClusterClient::builder(cfg.nodes.iter().map(String::as_str))
-            .connection_timeout(cfg.timeout)
-            .response_timeout(cfg.timeout)
-            .overall_response_timeout(Some(cfg.timeout))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .overall_response_timeout(Some(timeout))
             // Redirects and a failover need a few retries; the overall timeout bounds them.
             .retries(5)
             .min_retry_wait(10)
-            .max_retry_wait(cfg.timeout.as_millis() as u64 / 4 + 1)
+            .max_retry_wait(timeout.as_millis() as u64 / 4 + 1)
             .build()
-            .map_err(|e| Error::store(format!("redis-cluster config: {e}")))?;
-        let timeout = cfg.timeout;
-        let conn = bounded(timeout, "connect", async {
-            client.get_async_connection().await.map_err(redis_err)
-        })
-        .await?;
+            .map_err(|e| Error::store(format!("redis-cluster nodes: {e}")))?;
+        let conn = client.get_pending_async_connection_with_config(
+            ClusterConfig::new()
+                .set_connection_timeout(timeout)
+                .set_response_timeout(timeout),
+        );
         let waiters = match cfg.durability {
             Durability::Primary => None,
             Durability::Replica => Some(WaitPool::new(client)),
@@ -139,16 +145,24 @@ impl RedisStore {
             timeout,
             scripts: Scripts::new(),
         };
-        store.load_scripts().await?;
-        if let Some(waiters) = &store.waiters {
-            // One warm connection, so the first finalize does not pay for connecting.
-            bounded(timeout, "connect", async {
+        if let Err(e) = store.warm_up().await {
+            tracing::warn!(cause = %e, "redis-cluster store not reachable yet; operations will retry");
+        }
+        Ok(store)
+    }
+
+    /// Loads the scripts and opens a WAIT connection ahead of the first call. Best effort: a
+    /// missing script is loaded on first use, a missing connection opened when needed.
+    async fn warm_up(&self) -> Result<()> {
+        self.load_scripts().await?;
+        if let Some(waiters) = &self.waiters {
+            bounded(self.timeout, "connect", async {
                 waiters.lease().await?.release();
                 Ok(())
             })
             .await?;
         }
-        Ok(store)
+        Ok(())
     }
 
     /// `SCRIPT LOAD` goes to every node, replicas included, so a promoted replica has them too.

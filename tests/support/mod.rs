@@ -4,7 +4,9 @@
 
 pub mod boundary_cases;
 pub mod fake_tool;
+pub mod redis_cluster;
 pub mod sidecar;
+pub mod store_suite;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

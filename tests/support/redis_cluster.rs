@@ -4,7 +4,6 @@
 //! [`shared`] gives one lazily spawned cluster per test binary for non-destructive tests;
 //! [`RedisCluster::start`] gives a private one for tests that pause or kill nodes. A watchdog
 //! process removes every node when the test process exits, because a `static` is never dropped.
-#![allow(dead_code)] // each test binary uses a different part of the support code
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -55,6 +54,11 @@ pub fn shared() -> &'static RedisCluster {
 impl RedisCluster {
     /// Spawns and forms a 6-node cluster; panics (fails the test) if it cannot.
     pub fn start() -> RedisCluster {
+        RedisCluster::start_on(free_ports(6))
+    }
+
+    /// [`Self::start`] on the given ports (from [`free_ports`]), e.g. ones a client already uses.
+    pub fn start_on(ports: Vec<u16>) -> RedisCluster {
         match Command::new("redis-server").arg("--version").output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => panic!("{MISSING} (redis-server --version exited {})", out.status),
@@ -65,12 +69,7 @@ impl RedisCluster {
                 "redis-cli not found: install it with `apt-get install redis-server` (or run scripts/test.sh)"
             );
         }
-        let dir = std::env::temp_dir().join(format!(
-            "toolgate-redis-{}-{}",
-            std::process::id(),
-            unique()
-        ));
-        std::fs::create_dir_all(&dir).expect("create the cluster's temp dir");
+        let dir = super::temp_dir("redis-cluster");
         let mut cluster = RedisCluster {
             dir,
             nodes: Vec::new(),
@@ -80,7 +79,7 @@ impl RedisCluster {
             killed: Mutex::new(Vec::new()),
         };
         // From here a panic drops `cluster`, which stops whatever was spawned.
-        for port in free_ports(6) {
+        for port in ports {
             let child = spawn_node(&cluster.dir, port);
             cluster.nodes.push(Node {
                 port,
@@ -309,14 +308,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn unique() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
 /// `n` ports free on 127.0.0.1 whose cluster bus port (+10000) is free too.
-fn free_ports(n: usize) -> Vec<u16> {
+pub fn free_ports(n: usize) -> Vec<u16> {
     let mut held = Vec::new();
     let mut ports = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -3,21 +3,16 @@
 //! A backend provides a [`Harness`] and expands [`store_suite!`] into one test per case:
 //!
 //! ```ignore
-//! #[macro_use]
-//! #[path = "support/store_suite.rs"]
-//! mod store_suite;
+//! mod support;
 //! store_suite!(#[tokio::test(start_paused = true)] MemoryHarness);
 //! ```
 //!
 //! Cases use unique run ids, so they can share one Redis Cluster. Time moves only through
 //! [`Harness::advance`]: paused tokio time for memory, real time for Redis. Reservations take
 //! explicit wall-clock `now_ms` values derived from the run's own creation time.
-#![allow(dead_code)] // each test binary uses a different part of the support code
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -28,6 +23,8 @@ use toolgate::projection::Evidence;
 use toolgate::store::{
     Budget, Finalized, NewRun, PreparedFinal, Record, RunState, RunView, Status, Store, facts,
 };
+
+use super::unique;
 
 /// What a backend gives the suite.
 pub trait Harness: Sync {
@@ -77,7 +74,7 @@ macro_rules! store_suite {
             #[$attr]
             async fn $case() {
                 let harness = $harness;
-                $crate::store_suite::$case(&harness).await;
+                $crate::support::store_suite::$case(&harness).await;
             }
         )*
     };
@@ -86,17 +83,6 @@ macro_rules! store_suite {
 /// Long enough that no record expires during a case that is not about expiry.
 const LONG_TTL: u64 = 60_000;
 const RUN_TIMEOUT: u64 = 600_000;
-
-/// A run id no other case (or earlier test process) uses.
-pub fn unique_run_id(tag: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{tag}-{}-{}-{n}",
-        std::process::id(),
-        clock::now_ms() % 1_000_000_000
-    )
-}
 
 /// A run with the given budget, created now, ending `timeout_ms` later.
 pub fn new_run(
@@ -108,7 +94,7 @@ pub fn new_run(
 ) -> NewRun {
     let created_ms = clock::now_ms();
     NewRun {
-        run_id: unique_run_id(tag),
+        run_id: unique(tag),
         created_ms,
         deadline_ms: created_ms + timeout_ms,
         budget: Budget {
@@ -232,7 +218,7 @@ pub async fn create_and_get_run(h: &impl Harness) {
     assert_eq!(run_of(&store, &with_tools.run_id).await, created);
     assert_eq!(created.tools, with_tools.tools);
 
-    let unknown = unique_run_id("unknown");
+    let unknown = unique("unknown");
     assert_eq!(store.get_run(&unknown).await.expect("get_run"), None);
     assert_eq!(store.progress(&unknown).await.expect("progress"), None);
     assert!(
@@ -293,7 +279,7 @@ pub async fn close_run_to_ended_is_final(h: &impl Harness) {
         assert_eq!(again.state, RunState::Ended, "closing {to:?} changed it");
     }
     assert_eq!(run_of(&store, &run.run_id).await.state, RunState::Ended);
-    let unknown = unique_run_id("unknown");
+    let unknown = unique("unknown");
     assert_eq!(
         store
             .close_run(&unknown, RunState::Ended)
@@ -946,6 +932,8 @@ pub async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
         .reserve(&a, run.created_ms + 1)
         .await
         .expect("reserve");
+    // Final, so the progress read resolves it too.
+    store.finalize(&ready(&a), 1 << 20).await.expect("finalize");
     let (_, ttl1) = record_of(&store, &a).await.expect("exists");
     assert!(
         ttl1 <= LONG_TTL && ttl1 > LONG_TTL - 10_000,
