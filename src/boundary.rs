@@ -359,7 +359,7 @@ pub struct RunSpec {
 }
 
 /// Caches run specs: tools and deadline never change after creation, so a cached copy is
-/// always right and saves a store read per call.
+/// right while the run can still take calls, and saves a store read per call.
 #[derive(Default)]
 pub struct RunCache {
     runs: Mutex<HashMap<String, Arc<RunSpec>>>,
@@ -368,8 +368,19 @@ pub struct RunCache {
 impl RunCache {
     const MAX: usize = 10_000;
 
+    /// A cached spec is trusted only until its deadline: until then the run key cannot expire
+    /// (its TTL is the run's timeout plus the record TTL), so no other run can have taken the
+    /// id. After it, the store is asked again.
     pub fn get(&self, run_id: &str) -> Option<Arc<RunSpec>> {
-        self.lock().get(run_id).cloned()
+        let mut runs = self.lock();
+        match runs.get(run_id) {
+            Some(spec) if spec.deadline_ms > clock::now_ms() => Some(spec.clone()),
+            Some(_) => {
+                runs.remove(run_id);
+                None
+            }
+            None => None,
+        }
     }
 
     pub fn put(&self, run: &RunView) -> Arc<RunSpec> {

@@ -400,7 +400,8 @@ async fn reservations_race_across_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_that_comes_up_later_is_used_without_restart() {
     let ports = redis_cluster::free_ports(6);
-    let timeout = Duration::from_millis(300);
+    // Long enough for a first finalize on a busy CI machine: script load plus a replica's WAIT.
+    let timeout = Duration::from_millis(1000);
     let cfg = StoreConfig {
         kind: StoreKind::RedisCluster,
         nodes: ports
