@@ -1,0 +1,972 @@
+#!/usr/bin/env python3
+"""The benchmark driver behind bench/run.sh (which builds the binaries and installs the tools).
+
+Starts, all on 127.0.0.1: the fake tool (examples/bench_tool.rs), nginx as a plain reverse proxy in
+front of it, a six-node Redis Cluster, and one toolgate per store setup. Then drives every path
+with wrk, interleaved round by round, and prints one table plus a JSON file. Standard library only.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+LUA = os.path.join(BENCH_DIR, "call.lua")
+ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+MIB = 1024 * 1024
+
+# Paths in table order. "store" is None for the paths without toolgate.
+PATHS = [
+    {"name": "direct", "store": None},
+    {"name": "nginx", "store": None},
+    {"name": "toolgate-memory", "store": "memory"},
+    {"name": "toolgate-redis-primary", "store": "primary"},
+    {"name": "toolgate-redis-replica", "store": "replica"},
+]
+
+# Commands that are not part of a tool call: the cluster client's topology refresh, probes, and
+# this script's own markers and reads.
+NOT_CALL_COMMANDS = {
+    "info", "cluster", "ping", "echo", "monitor", "config", "client", "command", "replconf",
+    "hello", "readonly", "readwrite", "auth", "select", "llen", "slowlog", "latency",
+}
+
+
+class Failure(Exception):
+    """Something in the harness itself went wrong (not a measured request)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes and ports.
+
+class Procs:
+    """Every process this run starts, so that all of them stop however the run ends."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.children = []
+        self.redis_dirs = []  # (script, dir)
+        self.pidfile = os.path.join(workdir, "pids")
+
+    def spawn(self, name, argv, env=None, cwd=None):
+        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, cwd=cwd)
+        log.close()
+        self.children.append((name, p))
+        with open(self.pidfile, "a") as f:
+            f.write(f"{p.pid}\n")
+        return p
+
+    def stop_all(self):
+        for _, p in reversed(self.children):
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.time() + 10
+        for _, p in reversed(self.children):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.children = []
+        for script, d in self.redis_dirs:
+            subprocess.run(["bash", script, "stop", d], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+        self.redis_dirs = []
+        # Everything is stopped: run.sh's backstop must not signal these (maybe reused) pids.
+        open(self.pidfile, "w").close()
+
+
+def port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_redis_base():
+    """A base port with base..base+5 and their cluster bus ports (+10000) all free."""
+    for base in range(21000, 30000, 10):
+        if all(port_free(base + i) and port_free(base + i + 10000) for i in range(6)):
+            return base
+    raise Failure("no free port range for the Redis Cluster in 21000..30000")
+
+
+def wait_http(url, proc, what, timeout=30, headers=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            req = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(req, timeout=1) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise Failure(f"{what} did not answer at {url} within {timeout}s")
+
+
+def wait_tcp(port, proc, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise Failure(f"{what} exited with {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise Failure(f"{what} did not listen on 127.0.0.1:{port} within {timeout}s")
+
+
+def post_json(url, body, token):
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def log_tail(workdir, name, lines=3):
+    """The last error a process logged, else its last lines."""
+    try:
+        with open(os.path.join(workdir, f"{name}.log"), errors="replace") as f:
+            tail = f.readlines()[-50:]
+    except OSError:
+        return ""
+    for line in reversed(tail):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("level") == "ERROR":
+            return f"{entry.get('message', '')}: {entry.get('error', '')}".strip(": ")
+    return " | ".join(l.strip() for l in tail[-lines:])
+
+
+# ----------------------------------------------------------------------------------------------
+# /proc readings.
+
+def rss_mib(pid):
+    """(VmRSS, VmHWM) in MiB."""
+    vals = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                k, v = line.split(":", 1)
+                vals[k] = int(v.split()[0]) / 1024
+    return vals.get("VmRSS", 0.0), vals.get("VmHWM", 0.0)
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:
+            pass
+    return total / CLK_TCK
+
+
+def child_pids(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Redis.
+
+def redis_cli(port, *args, check=True):
+    r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+                       capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise Failure(f"redis-cli -p {port} {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def redis_primaries(ports):
+    return [p for p in ports if "role:master" in redis_cli(p, "info", "replication")]
+
+
+def commandstats(port):
+    stats = {}
+    for line in redis_cli(port, "info", "commandstats").splitlines():
+        m = re.match(r"cmdstat_([^:]+):calls=(\d+)", line)
+        if m:
+            stats[m.group(1)] = int(m.group(2))
+    return stats
+
+
+def redis_pids(redis_dir):
+    pids = []
+    for name in os.listdir(redis_dir):
+        if name.startswith("redis-") and name.endswith(".pid"):
+            try:
+                with open(os.path.join(redis_dir, name)) as f:
+                    pids.append(int(f.read().strip()))
+            except (OSError, ValueError):
+                pass
+    return pids
+
+
+# ----------------------------------------------------------------------------------------------
+# wrk.
+
+def wrk(url, threads, conns, seconds, mode, prefix, run_id="", token=None, stop_after=0,
+        pace_ms=0):
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "5s",
+            "-H", "Content-Type: application/json", "-s", LUA]
+    if token:
+        argv += ["-H", f"Authorization: Bearer {token}"]
+    argv += [url, "--", mode, prefix, run_id or "-", str(stop_after), str(pace_ms)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    for line in r.stdout.splitlines():
+        if line.startswith("BENCHJSON "):
+            out = json.loads(line[len("BENCHJSON "):])
+            errs = out["errors"]
+            out["socket_errors"] = errs["connect"] + errs["read"] + errs["write"] + errs["timeout"]
+            out["rps"] = out["requests"] / (out["duration_us"] / 1e6)
+            return out
+    raise Failure(f"wrk gave no result (exit {r.returncode}): {r.stderr.strip() or r.stdout[-500:]}")
+
+
+def failed_of(result):
+    """Requests that were not a good answer, plus socket errors."""
+    return result["not_good"] + result["socket_errors"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Setting up the paths.
+
+def start_tool(procs, tool_bin):
+    port = free_port()
+    p = procs.spawn("bench_tool", [tool_bin, str(port), "1"])
+    wait_tcp(port, p, "bench_tool")
+    return {"port": port, "pid": p.pid, "url": f"http://127.0.0.1:{port}/"}
+
+
+def start_nginx(procs, workdir, tool_port):
+    d = os.path.join(workdir, "nginx")
+    os.makedirs(os.path.join(d, "tmp"), exist_ok=True)
+    os.chmod(d, 0o755)
+    port = free_port()
+    conf = f"""worker_processes auto;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {d}/access.log;
+    client_body_temp_path {d}/tmp/body;
+    proxy_temp_path {d}/tmp/proxy;
+    fastcgi_temp_path {d}/tmp/fastcgi;
+    uwsgi_temp_path {d}/tmp/uwsgi;
+    scgi_temp_path {d}/tmp/scgi;
+    upstream tool {{
+        server 127.0.0.1:{tool_port};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://tool;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+    with open(os.path.join(d, "nginx.conf"), "w") as f:
+        f.write(conf)
+    nginx = os.environ.get("NGINX", "nginx")
+    p = procs.spawn("nginx", [nginx, "-p", d, "-e", f"{d}/error.log", "-c", "nginx.conf",
+                              "-g", "daemon off;"])
+    wait_tcp(port, p, "nginx")
+    time.sleep(0.2)  # let the workers come up before counting them
+    workers = child_pids(p.pid)
+    return {"port": port, "pid": p.pid, "cpu_pids": workers, "rss_pids": [p.pid] + workers,
+            "url": f"http://127.0.0.1:{port}/", "workers": len(workers)}
+
+
+def toolgate_config(ports, tool_url, store, redis_ports, record_ttl_ms):
+    if store == "memory":
+        store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}}}"
+    else:
+        nodes = ", ".join(f'"redis://127.0.0.1:{p}"' for p in redis_ports)
+        store_yaml = (f"store: {{kind: redis-cluster, nodes: [{nodes}], durability: {store}, "
+                      f"record_ttl_ms: {record_ttl_ms}, timeout_ms: 500}}")
+    return f"""# generated by bench/bench.py
+listen: {{agent: "127.0.0.1:{ports['agent']}", admin: "127.0.0.1:{ports['admin']}", telemetry: "127.0.0.1:{ports['telemetry']}"}}
+{store_yaml}
+runs: {{max_timeout_ms: 86400000}}
+tools:
+  - name: bench
+    upstream: {tool_url}
+    read_only: true
+    projection: {{select: /results}}
+"""
+
+
+def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_ports, args,
+                   wrapper=(), ready_timeout=20):
+    ports = {k: free_port() for k in ("agent", "admin", "telemetry")}
+    cfg = os.path.join(workdir, f"{name}.yaml")
+    with open(cfg, "w") as f:
+        f.write(toolgate_config(ports, tool_url, store, redis_ports, args.record_ttl_ms))
+    env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=ADMIN_TOKEN)
+    env.pop("TOOLGATE_CONFIG", None)
+    env.pop("TOOLGATE_TOKEN_KEY", None)
+    for kv in args.toolgate_env or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    p = procs.spawn(name, [*wrapper, toolgate_bin, "serve", "--config", cfg], env=env)
+    try:
+        ready = wait_http(f"http://127.0.0.1:{ports['telemetry']}/readyz", p, name,
+                          timeout=ready_timeout)
+    except Failure as e:
+        return None, f"{e}; log: {log_tail(workdir, name)}"
+    if not ready:
+        return None, f"exited with {p.returncode}; log: {log_tail(workdir, name)}"
+    run_id = f"bench-{store}"
+    status, body = post_json(f"http://127.0.0.1:{ports['admin']}/v1/runs", {
+        "run_id": run_id,
+        "timeout_ms": args.run_timeout_ms,
+        "budget": {"max_calls": 100_000_000, "max_record_bytes": 1_000_000_000_000},
+    }, ADMIN_TOKEN)
+    if status != 201:
+        return None, f"POST /v1/runs answered {status}: {body}; log: {log_tail(workdir, name)}"
+    return {"pid": p.pid, "cpu_pids": [p.pid], "rss_pids": [p.pid],
+            "url": f"http://127.0.0.1:{ports['agent']}/v1/invoke",
+            "run_id": run_id, "token": body["run_token"], "ports": ports}, None
+
+
+def start_redis(procs, workdir, script):
+    d = os.path.join(workdir, "redis")
+    base = free_redis_base()
+    procs.redis_dirs.append((script, d))
+    r = subprocess.run(["bash", script, "start", d, str(base)], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0:
+        raise Failure(f"Redis Cluster did not start: {r.stderr.strip()[-800:]}")
+    ports = [base + i for i in range(6)]
+    return {"ports": ports, "dir": d, "primaries": redis_primaries(ports)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring.
+
+def leg(path, threads, conns, seconds, prefix, pace_ms=0):
+    """One wrk leg on one path, with the proxy's CPU time over the leg."""
+    pids = path.get("cpu_pids", [])
+    extra = path.get("extra_cpu_pids", [])
+    cpu0, extra0 = cpu_seconds(pids), cpu_seconds(extra)
+    mode = "invoke" if path.get("run_id") else "tool"
+    out = wrk(path["url"], threads, conns, seconds, mode, prefix, path.get("run_id", ""),
+              path.get("token"), pace_ms=pace_ms)
+    out["cpu_s"] = cpu_seconds(pids) - cpu0 if pids else None
+    out["extra_cpu_s"] = cpu_seconds(extra) - extra0 if extra else None
+    return out
+
+
+def round_trips(path, redis, seconds, calls):
+    """Store commands per call: MONITOR on every primary over `calls` sequential calls."""
+    prim = redis["primaries"]
+    progress_key = f"toolgate:{{{path['run_id']}}}:progress"
+    llen0 = int(redis_cli(redis["ports"][0], "-c", "llen", progress_key).strip() or 0)
+    stats0 = {p: commandstats(p) for p in prim}
+    monitors, files = [], []
+    for p in prim:
+        fname = os.path.join(path["workdir"], f"monitor-{path['name']}-{p}.txt")
+        f = open(fname, "w")
+        files.append(fname)
+        monitors.append((subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", str(p), "monitor"],
+                                          stdout=f, stderr=subprocess.DEVNULL), f))
+    try:
+        # A marker in every monitor stream proves that it is attached before the calls start.
+        deadline = time.time() + 10
+        for p, fname in zip(prim, files):
+            while True:
+                redis_cli(p, "echo", "bench-monitor-start")
+                with open(fname) as fh:
+                    if "bench-monitor-start" in fh.read():
+                        break
+                if time.time() > deadline:
+                    raise Failure(f"redis-cli monitor on {p} did not attach")
+                time.sleep(0.05)
+        res = wrk(path["url"], 1, 1, seconds, "invoke", f"rt{int(time.time())}", path["run_id"],
+                  path["token"], stop_after=calls)
+        time.sleep(0.5)  # anything still in flight lands in the streams
+    finally:
+        for m, f in monitors:
+            m.terminate()
+            m.wait()
+            f.close()
+    llen1 = int(redis_cli(redis["ports"][0], "-c", "llen", progress_key).strip() or 0)
+    stats1 = {p: commandstats(p) for p in prim}
+    finalized = llen1 - llen0
+    by_cmd = {}
+    line_re = re.compile(r'^\d+\.\d+ \[\d+ ([^\]]+)\] "([^"]*)"')
+    for fname in files:
+        with open(fname, errors="replace") as fh:
+            for line in fh:
+                m = line_re.match(line)
+                if not m or m.group(1) == "lua":
+                    continue  # commands run inside a script are not round trips
+                cmd = m.group(2).lower()
+                if cmd in NOT_CALL_COMMANDS:
+                    continue
+                by_cmd[cmd] = by_cmd.get(cmd, 0) + 1
+    inner = 0
+    for p in prim:
+        for cmd, n in stats1[p].items():
+            if cmd.split("|")[0] not in NOT_CALL_COMMANDS:
+                inner += n - stats0[p].get(cmd, 0)
+    denom = finalized if finalized > 0 else max(1, res["requests"])
+    return {
+        "calls": res["requests"],
+        "finalized_calls": finalized,
+        "failed": failed_of(res),
+        "statuses": res["statuses"],
+        "round_trips_per_call": sum(by_cmd.values()) / denom,
+        "round_trips_by_command": {k: round(v / denom, 3) for k, v in sorted(by_cmd.items())},
+        "redis_commands_per_call_incl_scripts": inner / denom,
+    }
+
+
+def sequential_calls(path, n, prefix):
+    """n calls one after another on one keep-alive connection; returns how many were not READY."""
+    import http.client
+    port = int(path["url"].split(":")[2].split("/")[0])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {path['token']}"}
+    bad = 0
+    for i in range(n):
+        body = json.dumps({"run_id": path["run_id"], "tool_call_id": f"{prefix}-{i}",
+                           "tool": "bench", "input": {"q": "x"}})
+        conn.request("POST", "/v1/invoke", body=body, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        if r.status != 200 or b'"status":"READY"' not in data:
+            bad += 1
+    conn.close()
+    return bad
+
+
+def callgrind(args, procs, started):
+    """Counts toolgate's instructions per call on one path under valgrind's callgrind."""
+    log = lambda msg: print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    name = args.callgrind
+    spec = next((p for p in PATHS if p["name"] == name and p["store"]), None)
+    if spec is None:
+        raise Failure(f"--callgrind takes a toolgate path, not {name!r}")
+    tool = start_tool(procs, args.tool)
+    redis = start_redis(procs, args.workdir, args.redis_script) if spec["store"] != "memory" \
+        else None
+    out = os.path.join(args.workdir, "callgrind.out")
+    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    tg, why = start_toolgate(procs, args.workdir, name, args.toolgate, tool["url"], spec["store"],
+                             redis["ports"] if redis else [], args, wrapper, ready_timeout=120)
+    if tg is None:
+        raise Failure(f"{name} did not start under valgrind: {why}")
+    warm = 200
+    log(f"{name} under callgrind: {warm} warm-up calls")
+    bad = sequential_calls(tg, warm, "cgw")
+    subprocess.run(["callgrind_control", "--zero", str(tg["pid"])], check=True,
+                   capture_output=True)
+    n = args.calls
+    log(f"{n} measured calls")
+    bad += sequential_calls(tg, n, "cgm")
+    before = set(os.listdir(args.workdir))
+    subprocess.run(["callgrind_control", f"--dump=measured", str(tg["pid"])], check=True,
+                   capture_output=True)
+    dump = None
+    deadline = time.time() + 60
+    while dump is None and time.time() < deadline:
+        new = [f for f in set(os.listdir(args.workdir)) - before if f.startswith("callgrind.out")]
+        if new:
+            dump = os.path.join(args.workdir, new[0])
+            time.sleep(1)  # let callgrind finish writing
+        else:
+            time.sleep(0.2)
+    if dump is None:
+        raise Failure("callgrind wrote no dump")
+    keep = os.path.join(BENCH_DIR, "results", f"callgrind-{name}.out")
+    os.makedirs(os.path.dirname(keep), exist_ok=True)
+    subprocess.run(["cp", dump, keep], check=True)
+    ann = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", keep],
+                         capture_output=True, text=True, check=True).stdout
+    total = None
+    rows = []
+    for line in ann.splitlines():
+        m = re.match(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m:
+            continue
+        ir = int(m.group(1).replace(",", ""))
+        what = m.group(2)
+        if what.startswith("PROGRAM TOTALS"):
+            total = ir
+            continue
+        what = re.sub(r"/root/\.cargo/registry/src/[^/]+/|/rustc/[0-9a-f]+/|\s*\[[^\]]*\]$", "",
+                      what)
+        rows.append((ir, what))
+    print()
+    print(f"callgrind, {name}: {n} calls, {total / n:,.0f} instructions per call in toolgate "
+          f"(user space), {bad} not READY")
+    print(f"top inclusive costs per call (file:function); the whole file: {keep}")
+    seen = set()
+    shown = 0
+    for ir, what in rows:
+        fn = what.split(":", 1)[-1]
+        if fn in seen or not re.search(r"toolgate::|malloc|free|serde_json::(ser|de)|"
+                                       r"tracing_subscriber.*event|Clone>::clone$", what):
+            continue
+        seen.add(fn)
+        print(f"  {ir / n:10,.0f}  {ir / total:6.1%}  {what[:150]}")
+        shown += 1
+        if shown >= args.top:
+            break
+    return 1 if bad else 0
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def rotate(xs, k):
+    k %= len(xs)
+    return xs[k:] + xs[:k]
+
+
+# ----------------------------------------------------------------------------------------------
+# Report.
+
+def machine_info():
+    mem_kib = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+
+    def version(argv):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (r.stdout + r.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return None
+
+    try:
+        r = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, timeout=10)
+        commit = r.stdout.strip() if r.returncode == 0 else None
+    except OSError:
+        commit = None
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 1024 / 1024, 1),
+        "cpu": model,
+        "kernel": platform.release(),
+        "nginx": version([os.environ.get("NGINX", "nginx"), "-v"]),
+        "wrk": version(["wrk", "-v"]),
+        "redis": version(["redis-server", "--version"]),
+        "toolgate_commit": commit,
+    }
+
+
+def fmt(x, spec, none="-"):
+    return none if x is None else format(x, spec)
+
+
+def print_table(report):
+    cols = [("path", 24), ("req/s", 9), ("/direct", 8), ("/nginx", 7), ("p50 ms", 7),
+            ("p99 ms", 7), ("+p99 ms", 8), ("RSS idle", 9), ("RSS load", 9), ("CPU s/10k", 10),
+            ("RT/call", 8), ("failed", 7)]
+    head = " ".join(n.ljust(w) if i == 0 else n.rjust(w) for i, (n, w) in enumerate(cols))
+    print(head)
+    print("-" * len(head))
+    for name, r in report["paths"].items():
+        if r.get("unavailable"):
+            print(f"{name.ljust(24)} unavailable: {r['unavailable'][:95]}")
+            continue
+        ratios = r["ratios"]
+        rss = r.get("rss_mib") or {}
+        store = r.get("store") or {}
+        cells = [
+            name,
+            fmt(r["throughput_rps"]["median"], ".0f"),
+            fmt(ratios.get("throughput_vs_direct"), ".2f"),
+            fmt(ratios.get("throughput_vs_nginx"), ".2f"),
+            fmt(r["latency_ms"]["p50"]["median"], ".3f"),
+            fmt(r["latency_ms"]["p99"]["median"], ".3f"),
+            fmt(ratios.get("p99_added_ms_vs_direct"), "+.3f"),
+            fmt(rss.get("idle"), ".1f"),
+            fmt(rss.get("load"), ".1f"),
+            fmt(r.get("cpu_s_per_10k_calls"), ".2f"),
+            fmt(store.get("round_trips_per_call"), ".2f"),
+            str(r["requests"]["failed"]),
+        ]
+        print(" ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, (_, w)) in
+                       enumerate(zip(cells, cols))))
+
+
+def targets(report):
+    out = []
+    p = report["paths"].get("toolgate-redis-primary", {})
+    rep = report["paths"].get("toolgate-redis-replica", {})
+
+    def add(name, target, measured, ok):
+        out.append({"target": name, "goal": target, "measured": measured,
+                    "met": None if measured is None else ok})
+
+    if p and not p.get("unavailable"):
+        r = p["ratios"]
+        t = r.get("throughput_vs_nginx")
+        add("redis primary throughput vs nginx", ">= 0.5", t, t is not None and t >= 0.5)
+        a = r.get("p99_added_ms_vs_direct")
+        add("redis primary added p99 vs direct, 4 connections (ms)", "<= 1.0", a,
+            a is not None and a <= 1.0)
+        rt = (p.get("store") or {}).get("round_trips_per_call")
+        add("redis primary store round trips per call", "2", rt,
+            rt is not None and abs(rt - 2) < 0.05)
+        rss = p.get("rss_mib") or {}
+        add("redis primary RSS idle (MiB)", "<= 30", rss.get("idle"),
+            rss.get("idle") is not None and rss["idle"] <= 30)
+        add("redis primary RSS under 32-connection load (MiB)", "<= 60", rss.get("load"),
+            rss.get("load") is not None and rss["load"] <= 60)
+    else:
+        out.append({"target": "Redis Cluster targets", "goal": "measured",
+                    "measured": "path unavailable", "met": None})
+    if rep and not rep.get("unavailable"):
+        rt = (rep.get("store") or {}).get("round_trips_per_call")
+        add("redis replica store round trips per call", "3", rt,
+            rt is not None and abs(rt - 3) < 0.05)
+    failed = report["failed_requests"]
+    add("failed or non-READY responses", "0", failed, failed == 0)
+    return out
+
+
+def print_targets(ts):
+    print()
+    print("targets:")
+    for t in ts:
+        mark = {True: "met ", False: "MISS", None: "n/a "}[t["met"]]
+        m = t["measured"]
+        m = f"{m:.3f}" if isinstance(m, float) else str(m)
+        print(f"  [{mark}] {t['target']}: goal {t['goal']}, measured {m}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Main.
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--toolgate", required=True, help="toolgate binary")
+    ap.add_argument("--tool", required=True, help="bench_tool binary")
+    ap.add_argument("--workdir", required=True, help="scratch directory (logs, configs)")
+    ap.add_argument("--redis-script", required=True, help="redis-cluster.sh start/stop script")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", help="JSON output (default bench/results/latest.json, "
+                    "quick: bench/results/quick.json)")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--throughput-seconds", type=int)
+    ap.add_argument("--latency-seconds", type=int)
+    ap.add_argument("--warmup-seconds", type=int)
+    ap.add_argument("--rt-calls", type=int, help="sequential calls for the round-trip count")
+    ap.add_argument("--paths", help="comma-separated subset of: " +
+                    ",".join(p["name"] for p in PATHS))
+    ap.add_argument("--allow-unavailable", action="store_true",
+                    help="a toolgate path that cannot start is reported, not fatal")
+    ap.add_argument("--latency-pace-ms", type=int, default=1,
+                    help="latency phase: wait between a response and the connection's next "
+                    "request (0: closed loop at full speed)")
+    ap.add_argument("--callgrind", metavar="PATH",
+                    help="instead of the benchmark: count toolgate's instructions per call on "
+                    "this toolgate path under valgrind's callgrind")
+    ap.add_argument("--calls", type=int, default=2000, help="--callgrind: measured calls")
+    ap.add_argument("--top", type=int, default=40, help="--callgrind: rows to print")
+    ap.add_argument("--toolgate-env", action="append", metavar="KEY=VALUE",
+                    help="extra environment for every toolgate, for experiments "
+                    "(e.g. TOOLGATE_LOG=warn, LD_PRELOAD=...); recorded in the JSON")
+    ap.add_argument("--record-ttl-ms", type=int, default=60_000)
+    ap.add_argument("--run-timeout-ms", type=int, default=6 * 3600 * 1000)
+    args = ap.parse_args()
+
+    quick = args.quick
+    rounds = args.rounds or (1 if quick else 3)
+    tput_s = args.throughput_seconds or (2 if quick else 10)
+    lat_s = args.latency_seconds or (2 if quick else 5)
+    warm_s = args.warmup_seconds or (1 if quick else 3)
+    rt_calls = args.rt_calls or (200 if quick else 2000)
+    out_path = args.out or os.path.join(BENCH_DIR, "results",
+                                        "quick.json" if quick else "latest.json")
+    wanted = [p["name"] for p in PATHS]
+    if args.paths:
+        wanted = [n.strip() for n in args.paths.split(",") if n.strip()]
+        unknown = set(wanted) - {p["name"] for p in PATHS}
+        if unknown:
+            raise Failure(f"unknown path(s): {', '.join(sorted(unknown))}")
+
+    started = time.time()
+    procs = Procs(args.workdir)
+
+    def on_signal(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        if args.callgrind:
+            return callgrind(args, procs, started)
+        return run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, wanted,
+                   started)
+    finally:
+        procs.stop_all()
+
+
+def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, wanted, started):
+    workdir = args.workdir
+    log = lambda msg: print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    tool = start_tool(procs, args.tool)
+    log(f"bench_tool on {tool['url']}")
+    paths = {}
+    unavailable = {}
+    if "direct" in wanted:
+        paths["direct"] = {"name": "direct", "url": tool["url"], "cpu_pids": [],
+                           "rss_pids": [], "extra_cpu_pids": [tool["pid"]]}
+    if "nginx" in wanted:
+        ng = start_nginx(procs, workdir, tool["port"])
+        ng.update(name="nginx", extra_cpu_pids=[tool["pid"]])
+        paths["nginx"] = ng
+        log(f"nginx on {ng['url']} ({ng['workers']} worker processes)")
+    redis = None
+    need_redis = any(p["store"] in ("primary", "replica") and p["name"] in wanted for p in PATHS)
+    if need_redis:
+        redis = start_redis(procs, workdir, args.redis_script)
+        log(f"Redis Cluster on 127.0.0.1:{redis['ports'][0]}..{redis['ports'][-1]}, "
+            f"primaries {redis['primaries']}")
+    redis_cpu_pids = redis_pids(redis["dir"]) if redis else []
+    for spec in PATHS:
+        if spec["store"] is None or spec["name"] not in wanted:
+            continue
+        tg, why = start_toolgate(procs, workdir, spec["name"], args.toolgate, tool["url"],
+                                 spec["store"], redis["ports"] if redis else [], args)
+        if tg is None:
+            log(f"{spec['name']}: UNAVAILABLE: {why}")
+            unavailable[spec["name"]] = why
+            continue
+        extra = [tool["pid"]] + (redis_cpu_pids if spec["store"] != "memory" else [])
+        tg.update(name=spec["name"], workdir=workdir, extra_cpu_pids=extra, store=spec["store"])
+        paths[spec["name"]] = tg
+        log(f"{spec['name']} on {tg['url']} (run {tg['run_id']})")
+    if unavailable and not args.allow_unavailable:
+        raise Failure("paths unavailable: " + "; ".join(f"{k}: {v}" for k, v in
+                                                        unavailable.items()))
+
+    names = [n for n in wanted if n in paths]
+    rss_idle = {n: sum(rss_mib(pid)[0] for pid in paths[n]["rss_pids"])
+                for n in names if paths[n]["rss_pids"]}
+
+    legs = {n: {"warmup": [], "throughput": [], "latency": []} for n in names}
+    rss_load = {}
+    leg_no = 0
+
+    def run_leg(phase, name, threads, conns, seconds, pace_ms=0):
+        nonlocal leg_no
+        leg_no += 1
+        r = leg(paths[name], threads, conns, seconds, f"{phase[0]}{leg_no}", pace_ms)
+        legs[name][phase].append(r)
+        bad = failed_of(r)
+        log(f"{phase:10} {name:24} {r['rps']:9.0f} req/s  p50 {r['latency_us']['p50'] / 1000:.3f} ms"
+            f"  p99 {r['latency_us']['p99'] / 1000:.3f} ms  statuses {r['statuses']}"
+            + (f"  FAILED {bad}" if bad else ""))
+        return r
+
+    for n in names:
+        run_leg("warmup", n, 2, 32, warm_s)
+    for rnd in range(rounds):
+        for n in rotate(names, rnd):
+            run_leg("throughput", n, 2, 32, tput_s)
+            if paths[n]["rss_pids"]:
+                rss_load[n] = (sum(rss_mib(pid)[0] for pid in paths[n]["rss_pids"]),
+                               sum(rss_mib(pid)[1] for pid in paths[n]["rss_pids"]))
+    for rnd in range(rounds):
+        for n in rotate(names, rnd):
+            run_leg("latency", n, 1, 4, lat_s, args.latency_pace_ms)
+
+    store = {}
+    for n in names:
+        if paths[n].get("store") in ("primary", "replica"):
+            store[n] = round_trips(paths[n], redis, max(3, 2 + rt_calls // 500), rt_calls)
+            s = store[n]
+            log(f"round trips {n}: {s['round_trips_per_call']:.3f} per call over "
+                f"{s['finalized_calls']} calls {s['round_trips_by_command']}; Redis commands incl. "
+                f"inside scripts {s['redis_commands_per_call_incl_scripts']:.2f}")
+
+    # Assemble.
+    report = {
+        "schema": 1,
+        "mode": "quick" if quick else "full",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": machine_info(),
+        "settings": {
+            "rounds": rounds, "throughput_seconds": tput_s, "throughput_connections": 32,
+            "throughput_wrk_threads": 2, "latency_seconds": lat_s, "latency_connections": 4,
+            "latency_wrk_threads": 1, "latency_pace_ms": args.latency_pace_ms,
+            "warmup_seconds": warm_s, "round_trip_calls": rt_calls,
+            "nginx_worker_processes": f"auto ({paths['nginx']['workers']})"
+            if "nginx" in paths else None,
+            "bench_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
+            "toolgate_env": args.toolgate_env or [],
+        },
+        "paths": {},
+    }
+    total_failed = 0
+    for n in wanted:
+        if n in unavailable:
+            report["paths"][n] = {"unavailable": unavailable[n]}
+            continue
+        if n not in paths:
+            continue
+        L = legs[n]
+        every = L["warmup"] + L["throughput"] + L["latency"]
+        statuses = {}
+        for r in every:
+            for k, v in r["statuses"].items():
+                statuses[k] = statuses.get(k, 0) + v
+        failed = sum(failed_of(r) for r in every) + (store[n]["failed"] if n in store else 0)
+        total_failed += failed
+        tput = [r["rps"] for r in L["throughput"]]
+        p50 = [r["latency_us"]["p50"] / 1000 for r in L["latency"]]
+        p99 = [r["latency_us"]["p99"] / 1000 for r in L["latency"]]
+        reqs = sum(r["requests"] for r in L["throughput"])
+        cpu = sum(r["cpu_s"] for r in L["throughput"]) if paths[n]["cpu_pids"] else None
+        extra_cpu = sum(r["extra_cpu_s"] or 0 for r in L["throughput"])
+        entry = {
+            "throughput_rps": {"median": median(tput), "rounds": tput},
+            "latency_ms": {"p50": {"median": median(p50), "rounds": p50},
+                           "p99": {"median": median(p99), "rounds": p99}},
+            "ratios": {},
+            "cpu_s_per_10k_calls": cpu / reqs * 10_000 if cpu is not None and reqs else None,
+            "tool_and_store_cpu_s_per_10k_calls": extra_cpu / reqs * 10_000 if reqs else None,
+            "requests": {"total": sum(r["requests"] for r in every), "failed": failed,
+                         "by_status": statuses,
+                         "socket_errors": sum(r["socket_errors"] for r in every)},
+        }
+        if n in rss_idle:
+            entry["rss_mib"] = {"idle": rss_idle[n], "load": rss_load.get(n, (None, None))[0],
+                                "peak": rss_load.get(n, (None, None))[1]}
+        if n in store:
+            entry["store"] = store[n]
+        report["paths"][n] = entry
+
+    # Ratios: per round, each path against the baseline measured in the same round, then the
+    # median of those paired ratios, so slow drift of the machine cancels out.
+    def paired(n, base, key):
+        a, b = report["paths"][n], report["paths"].get(base)
+        if not b or b.get("unavailable"):
+            return None
+        if key == "tput":
+            xs, ys = a["throughput_rps"]["rounds"], b["throughput_rps"]["rounds"]
+            return median([x / y for x, y in zip(xs, ys) if y])
+        xs, ys = a["latency_ms"]["p99"]["rounds"], b["latency_ms"]["p99"]["rounds"]
+        return median([x - y for x, y in zip(xs, ys)])
+
+    for n, e in report["paths"].items():
+        if e.get("unavailable"):
+            continue
+        e["ratios"] = {
+            "throughput_vs_direct": paired(n, "direct", "tput"),
+            "throughput_vs_nginx": paired(n, "nginx", "tput"),
+            "p99_added_ms_vs_direct": paired(n, "direct", "p99"),
+        }
+        a, d = report["paths"][n], report["paths"].get("direct")
+        if d and not d.get("unavailable"):
+            xs, ys = a["latency_ms"]["p50"]["rounds"], d["latency_ms"]["p50"]["rounds"]
+            e["ratios"]["p50_added_ms_vs_direct"] = median([x - y for x, y in zip(xs, ys)])
+
+    report["failed_requests"] = total_failed
+    report["targets"] = targets(report)
+    report["elapsed_seconds"] = round(time.time() - started, 1)
+    report["ok"] = total_failed == 0 and not unavailable
+
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+    m = report["machine"]
+    print()
+    print(f"toolgate benchmark ({report['mode']}), {report['date']}, {m['cores']} cores, "
+          f"{m['memory_gib']} GiB, {m['cpu']}; commit {m['toolgate_commit']}")
+    print(f"throughput: {rounds} round(s) x {tput_s}s per path at 32 connections; latency: "
+          f"{rounds} x {lat_s}s at 4 connections, each pausing {args.latency_pace_ms} ms between "
+          f"calls;\nmedians over rounds; ratios and +p99 paired per round")
+    print()
+    print_table(report)
+    print_targets(report["targets"])
+    print()
+    print(f"written: {out_path} ({report['elapsed_seconds']}s)")
+    if total_failed:
+        print(f"FAILED: {total_failed} request(s) failed or were not READY", file=sys.stderr)
+        return 1
+    if unavailable:
+        print(f"NOTE: unavailable paths: {', '.join(unavailable)}", file=sys.stderr)
+        return 0 if args.allow_unavailable else 2
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failure as e:
+        print(f"bench: {e}", file=sys.stderr)
+        sys.exit(2)
