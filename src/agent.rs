@@ -53,5 +53,5 @@ pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Bod
         Ok(_) => hyper::StatusCode::OK,
         Err(e) => e.code.status(),
     };
-    http::json(status, &answer.body())
+    http::bytes(status, answer.body())
 }

@@ -21,20 +21,35 @@ use crate::upstream::{ToolRequest, UpstreamError};
 /// What the agent is told: a projected result or an error, with the id to echo.
 pub struct Answer {
     pub tool_call_id: Option<String>,
-    pub result: Result<Projected, Error>,
+    pub result: Result<Shown, Error>,
+}
+
+/// A READY result as the agent sees it: serialized once, when its size was checked.
+pub struct Shown {
+    pub evidence: Evidence,
+    /// The compact JSON of the projected result; its length is what `agent_bytes` limits.
+    pub result_json: Vec<u8>,
 }
 
 impl Answer {
     /// The agent-facing JSON body. Errors carry only the code and its fixed message.
-    pub fn body(&self) -> Value {
+    pub fn body(&self) -> Vec<u8> {
         match &self.result {
-            Ok(p) => json!({
-                "status": "READY",
-                "tool_call_id": self.tool_call_id,
-                "evidence_status": p.evidence.as_str(),
-                "result": p.result,
-            }),
-            Err(e) => error_body(self.tool_call_id.as_deref(), e.code),
+            Ok(shown) => {
+                let id = serde_json::to_string(&self.tool_call_id).unwrap_or_default();
+                let mut out = Vec::with_capacity(shown.result_json.len() + id.len() + 96);
+                out.extend_from_slice(br#"{"status":"READY","tool_call_id":"#);
+                out.extend_from_slice(id.as_bytes());
+                out.extend_from_slice(br#","evidence_status":""#);
+                out.extend_from_slice(shown.evidence.as_str().as_bytes());
+                out.extend_from_slice(br#"","result":"#);
+                out.extend_from_slice(&shown.result_json);
+                out.push(b'}');
+                out
+            }
+            Err(e) => error_body(self.tool_call_id.as_deref(), e.code)
+                .to_string()
+                .into_bytes(),
         }
     }
 }
@@ -94,7 +109,7 @@ pub async fn handle(state: &State, incoming: Incoming) -> Answer {
     drop(guard);
 
     let elapsed = started.elapsed();
-    let evidence = result.as_ref().map_or(Evidence::Error, |p| p.evidence);
+    let evidence = result.as_ref().map_or(Evidence::Error, |s| s.evidence);
     state
         .metrics
         .finished(&tool.name, evidence, elapsed, result.as_ref().err());
@@ -182,6 +197,7 @@ enum Executed {
         raw: Value,
         upstream_status: u16,
         projected: Projected,
+        result_json: Vec<u8>,
     },
     Failed {
         error: Error,
@@ -283,15 +299,20 @@ async fn execute(
         raw,
         upstream_status: Some(status),
     };
-    match projected {
+    let projected = match projected {
+        Ok(p) => p,
+        Err(e) => return failed(Error::with_cause(Code::ProjectionFailed, e), raw),
+    };
+    match serde_json::to_vec(&projected.result) {
         Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw),
-        Ok(p) if json_len(&p.result) > tool.limits.agent_bytes => {
+        Ok(json) if json.len() as u64 > tool.limits.agent_bytes => {
             failed(Error::too_large(SizeStage::Agent), raw)
         }
-        Ok(projected) => Executed::Ready {
+        Ok(result_json) => Executed::Ready {
             raw,
             upstream_status: status,
             projected,
+            result_json,
         },
     }
 }
@@ -303,7 +324,7 @@ async fn finalize(
     mut record: Record,
     executed: Executed,
     started: Instant,
-) -> Result<Projected, Error> {
+) -> Result<Shown, Error> {
     let now = clock::now_ms();
     record.updated_at = clock::rfc3339(now);
     record.duration_ms = Some(started.elapsed().as_millis() as u64);
@@ -312,13 +333,17 @@ async fn finalize(
             raw,
             upstream_status,
             projected,
+            result_json,
         } => {
             record.status = Status::Ready;
             record.evidence_status = Some(projected.evidence);
             record.raw_response = raw;
-            record.agent_result = projected.result.clone();
+            record.agent_result = projected.result;
             record.upstream_status = Some(upstream_status);
-            Ok(projected)
+            Ok(Shown {
+                evidence: projected.evidence,
+                result_json,
+            })
         }
         Executed::Failed {
             error,
@@ -345,11 +370,6 @@ async fn finalize(
         Ok(Finalized::TooLarge(stage)) => Err(Error::too_large(stage)),
         Err(e) => Err(e),
     }
-}
-
-/// Serialized size of a value in compact JSON, the size every limit counts.
-fn json_len(v: &Value) -> u64 {
-    serde_json::to_vec(v).map_or(u64::MAX, |b| b.len() as u64)
 }
 
 /// The immutable part of a run that preflight needs, cached per sidecar.

@@ -21,8 +21,12 @@ pub type Body = Full<Bytes>;
 
 /// A JSON response.
 pub fn json(status: StatusCode, body: &Value) -> Response<Body> {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut resp = Response::new(Full::new(Bytes::from(bytes)));
+    bytes(status, serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// A response whose body is already-serialized JSON.
+pub fn bytes(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

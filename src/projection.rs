@@ -83,14 +83,22 @@ impl Projector for Projection {
             Value::Array(items) => {
                 let keep = self.max_items.unwrap_or(items.len()).min(items.len());
                 let kept: Vec<Value> = items[..keep].iter().map(|v| self.keep_fields(v)).collect();
+                // Built directly: `json!` would deep-copy the items once more.
+                let result = Map::from_iter([
+                    ("items".to_string(), Value::Array(kept)),
+                    ("total_items".to_string(), Value::from(items.len())),
+                ]);
                 Projected {
                     evidence: Evidence::Found,
-                    result: json!({"items": kept, "total_items": items.len()}),
+                    result: Value::Object(result),
                 }
             }
             other => Projected {
                 evidence: Evidence::Found,
-                result: json!({"item": self.keep_fields(other)}),
+                result: Value::Object(Map::from_iter([(
+                    "item".to_string(),
+                    self.keep_fields(other),
+                )])),
             },
         };
         Ok(projected)

@@ -1,7 +1,8 @@
 //! The embedded store: the same semantics as Redis Cluster (TTL included) in one process.
 //! Every operation takes one lock, so each is atomic, as a Lua script is in Redis.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,7 +24,15 @@ pub struct MemoryStore {
 struct Inner {
     runs: HashMap<String, Expiring<RunEntry>>,
     records: HashMap<(String, String), Expiring<String>>,
-    ops: u64,
+    /// Every key's expiry instant, soonest first: expired keys are dropped in O(log n) each,
+    /// so memory stays bounded by the TTLs without ever scanning the whole store.
+    expiry: BinaryHeap<Reverse<(Instant, Key)>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    Run(String),
+    Record(String, String),
 }
 
 struct RunEntry {
@@ -54,18 +63,36 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.ops += 1;
-        if inner.ops.is_multiple_of(1024) {
-            inner.sweep(Instant::now());
-        }
+        inner.expire(Instant::now());
         inner
     }
 }
 
 impl Inner {
-    fn sweep(&mut self, now: Instant) {
-        self.runs.retain(|_, e| e.live(now));
-        self.records.retain(|_, e| e.live(now));
+    /// Drops the keys whose time has come. A heap entry whose key was since replaced by a
+    /// newer one (same name, later expiry) leaves that key alone.
+    fn expire(&mut self, now: Instant) {
+        while let Some(Reverse((at, _))) = self.expiry.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, key))) = self.expiry.pop() else {
+                break;
+            };
+            match key {
+                Key::Run(id) => {
+                    if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
+                        self.runs.remove(&id);
+                    }
+                }
+                Key::Record(run, id) => {
+                    let key = (run, id);
+                    if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
+                        self.records.remove(&key);
+                    }
+                }
+            }
+        }
     }
 
     fn run(&mut self, run_id: &str, now: Instant) -> Option<&mut RunEntry> {
@@ -104,6 +131,9 @@ impl Store for MemoryStore {
                     expires_at: now + ttl,
                 },
             );
+            inner
+                .expiry
+                .push(Reverse((now + ttl, Key::Run(view.run_id.clone()))));
             Ok(view)
         })
     }
@@ -146,11 +176,17 @@ impl Store for MemoryStore {
                 .calls_per_tool
                 .entry(record.tool.clone())
                 .or_insert(0) += 1;
+            let key = (record.run_id.clone(), record.tool_call_id.clone());
+            let expires_at = now + self.record_ttl;
+            inner.expiry.push(Reverse((
+                expires_at,
+                Key::Record(key.0.clone(), key.1.clone()),
+            )));
             inner.records.insert(
-                (record.run_id.clone(), record.tool_call_id.clone()),
+                key,
                 Expiring {
                     value: body,
-                    expires_at: now + self.record_ttl,
+                    expires_at,
                 },
             );
             Ok(())
@@ -230,5 +266,44 @@ impl Store for MemoryStore {
 
     fn ping(&self) -> StoreFuture<'_, ()> {
         Box::pin(async { Ok(()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Budget;
+    use serde_json::json;
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_keys_leave_memory_without_being_read() {
+        let store = MemoryStore::new(1_000);
+        let run = NewRun {
+            run_id: "r".into(),
+            created_ms: 0,
+            deadline_ms: 500,
+            budget: Budget {
+                max_calls: 10,
+                max_calls_per_tool: Default::default(),
+                max_record_bytes: 1 << 20,
+            },
+            tools: None,
+        };
+        store.create_run(run).await.unwrap();
+        for id in ["a", "b", "c"] {
+            let record = Record::projecting("r", id, "t", json!({}), 0);
+            store.reserve(&record, 1).await.unwrap();
+        }
+        assert_eq!(store.lock().records.len(), 3);
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        // Any operation expires what is due; the run (TTL 500 + 1000 ms) is not due yet.
+        store.get_run("other").await.unwrap();
+        let inner = store.lock();
+        assert!(inner.records.is_empty());
+        assert_eq!(inner.runs.len(), 1);
+        drop(inner);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(store.lock().runs.is_empty());
+        assert!(store.lock().expiry.is_empty());
     }
 }

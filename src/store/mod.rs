@@ -134,14 +134,23 @@ impl Record {
     }
 
     /// This record turned into a stripped `ERROR/RESULT_TOO_LARGE`: no raw, no agent result.
+    /// Built field by field so the (possibly large) raw response and result are never copied.
     fn too_large(&self) -> Record {
         Record {
+            schema: self.schema,
+            run_id: self.run_id.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            tool: self.tool.clone(),
             status: Status::Error,
             evidence_status: Some(Evidence::Error),
+            request: self.request.clone(),
             raw_response: Value::Null,
             agent_result: Value::Null,
             error_code: Some(Code::ResultTooLarge.as_str().to_string()),
-            ..self.clone()
+            upstream_status: self.upstream_status,
+            created_at: self.created_at.clone(),
+            updated_at: self.updated_at.clone(),
+            duration_ms: self.duration_ms,
         }
     }
 }
