@@ -298,10 +298,11 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1_001)).await;
         // Any operation expires what is due; the run (TTL 500 + 1000 ms) is not due yet.
         store.get_run("other").await.unwrap();
-        let inner = store.lock();
-        assert!(inner.records.is_empty());
-        assert_eq!(inner.runs.len(), 1);
-        drop(inner);
+        {
+            let inner = store.lock();
+            assert!(inner.records.is_empty());
+            assert_eq!(inner.runs.len(), 1);
+        }
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(store.lock().runs.is_empty());
         assert!(store.lock().expiry.is_empty());
