@@ -1,7 +1,7 @@
 //! The config file: raw serde structs → `validate()` → [`Config`]; the file watch that swaps the
 //! hot-reloadable [`Policy`] (tools, limits, runs) atomically.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -537,9 +537,6 @@ fn digest(path: &Path) -> Option<Vec<u8>> {
             .to_vec(),
     )
 }
-
-/// Per-tool call caps as the run API carries them.
-pub type PerToolCalls = BTreeMap<String, u64>;
 
 #[cfg(test)]
 mod tests {
