@@ -47,14 +47,28 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// Trusts the Mozilla roots and the system's (which include `SSL_CERT_FILE` and
+    /// `SSL_CERT_DIR`), so tool services behind a private CA work when it is mounted.
     pub fn new() -> Result<Upstream, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let native = rustls_native_certs::load_native_certs();
+        for e in &native.errors {
+            tracing::warn!(error = %e, "skipping unreadable system certificates");
+        }
+        let (added, ignored) = roots.add_parsable_certificates(native.certs);
+        tracing::debug!(added, ignored, "system root certificates loaded");
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup failed: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
-            .map_err(|e| format!("TLS setup failed: {e}"))?
+            .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
