@@ -10,6 +10,11 @@ use toolgate::auth::{self, Tokens};
 use toolgate::config::Config;
 use toolgate::injector::{self, InjectorArgs, InjectorError, InjectorSettings};
 
+/// mimalloc instead of glibc malloc: the allocator was the largest single cost on the call
+/// path (a third of the instructions per call under callgrind, plus lock contention).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for a bad config, bad usage or an empty admin token.
 const EXIT_CONFIG: u8 = 64;
 
