@@ -85,26 +85,18 @@ pub async fn handle(state: &State, incoming: Incoming) -> Answer {
             };
         }
     };
-    let Admitted {
+    let Reserved {
         run_id,
         tool_call_id,
         tool,
-        input,
-    } = admitted.call;
-    let mut guard = admitted.guard;
+        record,
+        deadline_ms,
+        mut guard,
+    } = admitted;
 
     state.metrics.in_flight(&tool.name, 1);
-    let executed = execute(
-        state,
-        &tool,
-        &run_id,
-        &tool_call_id,
-        &input,
-        &incoming,
-        &mut guard,
-    )
-    .await;
-    let result = finalize(state, &tool, admitted.record, executed, started).await;
+    let executed = execute(state, &tool, &record, deadline_ms, &incoming, &mut guard).await;
+    let result = finalize(state, &tool, record, executed, started).await;
     state.metrics.in_flight(&tool.name, -1);
     drop(guard);
 
@@ -135,8 +127,13 @@ pub async fn handle(state: &State, incoming: Incoming) -> Answer {
 
 /// A reserved call: its PROJECTING record is in the store and its budget is spent.
 struct Reserved {
-    call: Admitted,
+    run_id: String,
+    tool_call_id: String,
+    tool: Arc<Tool>,
+    /// Holds the input exactly as it is forwarded.
     record: Record,
+    /// The run's deadline as preflight saw it (`None`: the run was not known yet).
+    deadline_ms: Option<u64>,
     guard: CallGuard,
 }
 
@@ -156,23 +153,22 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
         Ok(run) => run,
         Err(e) => return Err(store_failed(e, &identified)),
     };
-    let call = identified.authorize(run.as_ref().and_then(|r| r.tools.as_deref()))?;
+    let Admitted {
+        run_id,
+        tool_call_id,
+        tool,
+        input,
+    } = identified.authorize(run.as_ref().and_then(|r| r.tools.as_deref()))?;
 
     // Registered before reserving, so a cancel that lands after the reservation is seen.
-    let guard = state.calls.enter(&call.run_id);
+    let guard = state.calls.enter(&run_id);
     // Checked again once registered: either the drain sees this call, or this call sees the
     // drain (both sides use SeqCst), so no call runs after the drain found none in flight.
     if state.is_draining() {
         return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let now = clock::now_ms();
-    let record = Record::projecting(
-        &call.run_id,
-        &call.tool_call_id,
-        &call.tool.name,
-        call.input.clone(),
-        now,
-    );
+    let record = Record::projecting(&run_id, &tool_call_id, &tool.name, input, now);
     let reserved = state
         .metrics
         .store_op("reserve", state.store.reserve(&record, now))
@@ -180,13 +176,16 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
     if let Err(error) = reserved {
         return Err(Rejection {
             error,
-            tool_call_id: Some(call.tool_call_id.clone()),
-            tool_label: call.tool.name.clone(),
+            tool_call_id: Some(tool_call_id),
+            tool_label: tool.name.clone(),
         });
     }
     Ok(Reserved {
-        call,
+        run_id,
+        tool_call_id,
+        tool,
         record,
+        deadline_ms: run.map(|r| r.deadline_ms),
         guard,
     })
 }
@@ -221,15 +220,19 @@ impl Executed {
 async fn execute(
     state: &State,
     tool: &Tool,
-    run_id: &str,
-    tool_call_id: &str,
-    input: &Value,
+    record: &Record,
+    deadline_ms: Option<u64>,
     incoming: &Incoming,
     guard: &mut CallGuard,
 ) -> Executed {
-    let deadline_ms = match state.run_spec(run_id).await {
-        Ok(Some(run)) => run.deadline_ms,
-        _ => u64::MAX,
+    let (run_id, tool_call_id, input) = (&record.run_id, &record.tool_call_id, &record.request);
+    let deadline_ms = match deadline_ms {
+        Some(ms) => ms,
+        // Created on another replica between preflight and the reservation.
+        None => match state.run_spec(run_id).await {
+            Ok(Some(run)) => run.deadline_ms,
+            _ => u64::MAX,
+        },
     };
     let to_deadline = Duration::from_millis(deadline_ms.saturating_sub(clock::now_ms()));
     let (timeout, timeout_code) = if to_deadline < tool.timeout {

@@ -194,16 +194,14 @@ impl Identified {
             return Err(reject(Code::ToolNotReadOnly));
         }
         // 9. The input is an object that satisfies the tool's schema.
-        let input = match &self.input {
-            Some(v @ Value::Object(_)) => v,
-            _ => return Err(reject(Code::InvalidInput)),
+        let Some(input @ Value::Object(_)) = self.input else {
+            return Err(reject(Code::InvalidInput));
         };
         if let Some(schema) = &self.tool.schema
-            && !schema.is_valid(input)
+            && !schema.is_valid(&input)
         {
             return Err(reject(Code::InvalidInput));
         }
-        let input = input.clone();
         Ok(Admitted {
             run_id: self.run_id,
             tool_call_id: self.tool_call_id,
