@@ -7,7 +7,8 @@ use hyper::header::AUTHORIZATION;
 use ring::hmac;
 use ring::rand::SystemRandom;
 
-use crate::config::{AdminConfig, ConfigError, is_safe_run_id};
+use crate::config::{AdminConfig, ConfigError};
+use crate::ids::RunId;
 
 /// Verifies admin tokens and issues/verifies run tokens.
 pub struct Tokens {
@@ -50,18 +51,16 @@ impl Tokens {
     }
 
     /// The run token for `run_id`.
-    pub fn issue(&self, run_id: &str) -> String {
+    pub fn issue(&self, run_id: &RunId) -> String {
         let mac = hmac::sign(&self.run_key, run_id.as_bytes());
         format!("{run_id}.{}", URL_SAFE_NO_PAD.encode(mac.as_ref()))
     }
 
     /// The run a request's token is bound to, if the token is genuine.
-    pub fn run_of<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+    pub fn run_of(&self, headers: &HeaderMap) -> Option<RunId> {
         let token = bearer(headers)?;
         let (run_id, mac) = token.rsplit_once('.')?;
-        if !is_safe_run_id(run_id) {
-            return None;
-        }
+        let run_id = RunId::parse(run_id)?;
         let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
         hmac::verify(&self.run_key, run_id.as_bytes(), &mac).ok()?;
         Some(run_id)
@@ -140,25 +139,25 @@ mod tests {
     #[test]
     fn run_tokens_are_bound_to_their_run() {
         let tokens = Tokens::new("admin", None).unwrap();
-        let t = tokens.issue("run-42");
+        let t = tokens.issue(&RunId::parse("run-42").unwrap());
         assert!(t.starts_with("run-42."));
-        assert_eq!(tokens.run_of(&with_bearer(&t)), Some("run-42"));
+        assert_eq!(tokens.run_of(&with_bearer(&t)).as_deref(), Some("run-42"));
         let forged = t.replacen("run-42", "run-43", 1);
-        assert_eq!(tokens.run_of(&with_bearer(&forged)), None);
-        assert_eq!(tokens.run_of(&with_bearer("run-42.AAAA")), None);
-        assert_eq!(tokens.run_of(&HeaderMap::new()), None);
+        assert!(tokens.run_of(&with_bearer(&forged)).is_none());
+        assert!(tokens.run_of(&with_bearer("run-42.AAAA")).is_none());
+        assert!(tokens.run_of(&HeaderMap::new()).is_none());
     }
 
     #[test]
     fn replicas_sharing_a_key_verify_each_other() {
         let a = Tokens::new("admin", None).unwrap();
         let b = Tokens::new("admin", None).unwrap();
-        let t = a.issue("r");
-        assert_eq!(b.run_of(&with_bearer(&t)), Some("r"));
+        let t = a.issue(&RunId::parse("r").unwrap());
+        assert_eq!(b.run_of(&with_bearer(&t)).as_deref(), Some("r"));
         let other = Tokens::new("other-admin", None).unwrap();
-        assert_eq!(other.run_of(&with_bearer(&t)), None);
+        assert!(other.run_of(&with_bearer(&t)).is_none());
         let keyed = Tokens::new("admin", Some(&[7u8; 32])).unwrap();
-        assert_eq!(keyed.run_of(&with_bearer(&t)), None);
+        assert!(keyed.run_of(&with_bearer(&t)).is_none());
     }
 
     #[test]

@@ -16,10 +16,10 @@ use ring::rand::SecureRandom;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use crate::app::{self, Listeners, Options};
 use crate::auth::Tokens;
 use crate::config::Config;
-use crate::http;
+use crate::listen::http::{self, Serving};
+use crate::listen::{self, Listeners, Options};
 
 const DEMO_CONFIG: &str = r#"
 store: {kind: memory, record_ttl_ms: 3600000}
@@ -55,7 +55,7 @@ async fn demo() -> Result<(), String> {
     let tool_addr = tool.local_addr().map_err(|e| e.to_string())?;
     // The sample tool lives as long as the process: its stop signal never fires.
     let (_keep, never) = tokio::sync::watch::channel(false);
-    tokio::spawn(http::serve(tool, sample_tool, never));
+    tokio::spawn(http::serve(tool, Serving::plain(), sample_tool, never));
 
     let config = Config::parse(&DEMO_CONFIG.replace("TOOL", &tool_addr.to_string()))
         .map_err(|e| e.to_string())?;
@@ -68,7 +68,7 @@ async fn demo() -> Result<(), String> {
         format!("cannot bind 127.0.0.1:15001/15002 and 0.0.0.0:15090 ({e}); is another toolgate running?")
     })?;
     let (agent, admin, telemetry) = listeners.addrs().map_err(|e| e.to_string())?;
-    let server = tokio::spawn(app::run(
+    let server = tokio::spawn(listen::run(
         config,
         tokens,
         listeners,

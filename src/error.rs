@@ -1,11 +1,18 @@
 //! The one error type: every failure a caller can see has a stable code, an HTTP status, a
 //! failure layer and a fixed message. Causes are kept for logs only.
+//!
+//! `status()`, `message()` and `layer()` are matches without a catch-all arm, so a new code
+//! forces a decision in each. The codes and their layers are listed in `docs/api.md`.
 
 use std::fmt;
 
 use hyper::StatusCode;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Stable error codes of the contract (SPEC §7).
+use crate::ids::ToolCallId;
+
+/// Stable error codes of the contract. `ResultTooLarge` carries the limit that was exceeded,
+/// because that limit decides who is to blame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Code {
     RequestTooLarge,
@@ -23,7 +30,7 @@ pub enum Code {
     RunCancelled,
     ToolExecutionFailed,
     ToolTimeout,
-    ResultTooLarge,
+    ResultTooLarge(SizeStage),
     ProjectionFailed,
     RecordExpired,
     StoreUnavailable,
@@ -34,7 +41,7 @@ pub enum Code {
 }
 
 /// Where a byte limit was exceeded; it decides the failure layer of `RESULT_TOO_LARGE`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SizeStage {
     Raw,
     Agent,
@@ -42,7 +49,7 @@ pub enum SizeStage {
     Run,
 }
 
-/// Who is to blame for a failed call (SPEC §7, failure attribution).
+/// Who is to blame for a failed call (failure attribution).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Layer {
     Agent,
@@ -55,8 +62,8 @@ pub enum Layer {
 }
 
 impl Code {
-    /// Every code, in contract order.
-    pub const ALL: [Code; 23] = [
+    /// Every code, in contract order, `RESULT_TOO_LARGE` once per stage.
+    pub const ALL: [Code; 26] = [
         Code::RequestTooLarge,
         Code::Unauthenticated,
         Code::InvalidInput,
@@ -72,7 +79,10 @@ impl Code {
         Code::RunCancelled,
         Code::ToolExecutionFailed,
         Code::ToolTimeout,
-        Code::ResultTooLarge,
+        Code::ResultTooLarge(SizeStage::Raw),
+        Code::ResultTooLarge(SizeStage::Agent),
+        Code::ResultTooLarge(SizeStage::Record),
+        Code::ResultTooLarge(SizeStage::Run),
         Code::ProjectionFailed,
         Code::RecordExpired,
         Code::StoreUnavailable,
@@ -82,6 +92,7 @@ impl Code {
         Code::RunExists,
     ];
 
+    /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
             Code::RequestTooLarge => "REQUEST_TOO_LARGE",
@@ -99,7 +110,7 @@ impl Code {
             Code::RunCancelled => "RUN_CANCELLED",
             Code::ToolExecutionFailed => "TOOL_EXECUTION_FAILED",
             Code::ToolTimeout => "TOOL_TIMEOUT",
-            Code::ResultTooLarge => "RESULT_TOO_LARGE",
+            Code::ResultTooLarge(_) => "RESULT_TOO_LARGE",
             Code::ProjectionFailed => "PROJECTION_FAILED",
             Code::RecordExpired => "RECORD_EXPIRED",
             Code::StoreUnavailable => "STORE_UNAVAILABLE",
@@ -108,11 +119,6 @@ impl Code {
             Code::NotFound => "NOT_FOUND",
             Code::RunExists => "RUN_EXISTS",
         }
-    }
-
-    /// Parses a code as stored in a record.
-    pub fn parse(s: &str) -> Option<Code> {
-        Code::ALL.into_iter().find(|c| c.as_str() == s)
     }
 
     pub fn status(self) -> StatusCode {
@@ -128,7 +134,7 @@ impl Code {
             | Code::RunCancelled
             | Code::RunExists => StatusCode::CONFLICT,
             Code::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
-            Code::ToolExecutionFailed | Code::ResultTooLarge | Code::ProjectionFailed => {
+            Code::ToolExecutionFailed | Code::ResultTooLarge(_) | Code::ProjectionFailed => {
                 StatusCode::BAD_GATEWAY
             }
             Code::ToolTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -157,7 +163,7 @@ impl Code {
             Code::RunCancelled => "The run was cancelled while the call was in flight.",
             Code::ToolExecutionFailed => "The tool failed or returned an invalid response.",
             Code::ToolTimeout => "The tool did not answer in time.",
-            Code::ResultTooLarge => "The result exceeds a size limit and was not returned.",
+            Code::ResultTooLarge(_) => "The result exceeds a size limit and was not returned.",
             Code::ProjectionFailed => "The tool result could not be projected.",
             Code::RecordExpired => "The call record expired before the call finished.",
             Code::StoreUnavailable => "The record store is unavailable.",
@@ -165,6 +171,34 @@ impl Code {
             Code::Internal => "An internal error occurred.",
             Code::NotFound => "Not found.",
             Code::RunExists => "A run with this id already exists.",
+        }
+    }
+
+    /// The one mapping from a code to its failure layer, used by metrics and attribution alike.
+    pub fn layer(self) -> Layer {
+        match self {
+            Code::RequestTooLarge
+            | Code::Unauthenticated
+            | Code::InvalidInput
+            | Code::InvalidToolCallId
+            | Code::RunMismatch
+            | Code::UnknownTool
+            | Code::Unauthorized
+            | Code::ToolNotReadOnly
+            | Code::DuplicateToolCall => Layer::Agent,
+            Code::RunInactive | Code::RunDeadlineExceeded | Code::BudgetExhausted => {
+                Layer::Workflow
+            }
+            Code::RunCancelled | Code::ShuttingDown => Layer::Operator,
+            Code::ToolExecutionFailed | Code::ToolTimeout => Layer::Provider,
+            Code::ResultTooLarge(stage) => match stage {
+                SizeStage::Raw => Layer::Provider,
+                SizeStage::Agent | SizeStage::Record => Layer::Harness,
+                SizeStage::Run => Layer::Workflow,
+            },
+            Code::ProjectionFailed | Code::Internal => Layer::Harness,
+            Code::RecordExpired | Code::StoreUnavailable => Layer::Environment,
+            Code::NotFound | Code::RunExists => Layer::Unknown,
         }
     }
 }
@@ -175,7 +209,66 @@ impl fmt::Display for Code {
     }
 }
 
+/// A code as a record keeps it: the wire name only. A stored `RESULT_TOO_LARGE` does not say
+/// which limit it was, so reading a record back never invents a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeName(&'static str);
+
+impl CodeName {
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+
+    /// A known wire name, or `None`.
+    pub fn parse(s: &str) -> Option<CodeName> {
+        Code::ALL
+            .into_iter()
+            .map(Code::as_str)
+            .find(|name| *name == s)
+            .map(CodeName)
+    }
+}
+
+impl From<Code> for CodeName {
+    fn from(code: Code) -> CodeName {
+        CodeName(code.as_str())
+    }
+}
+
+impl PartialEq<Code> for CodeName {
+    fn eq(&self, code: &Code) -> bool {
+        self.0 == code.as_str()
+    }
+}
+
+impl fmt::Display for CodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Serialize for CodeName {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for CodeName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<CodeName, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        CodeName::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown error code {s:?}")))
+    }
+}
+
 impl SizeStage {
+    pub const ALL: [SizeStage; 4] = [
+        SizeStage::Raw,
+        SizeStage::Agent,
+        SizeStage::Record,
+        SizeStage::Run,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SizeStage::Raw => "raw",
@@ -209,35 +302,6 @@ impl Layer {
             Layer::Unknown => "UNKNOWN",
         }
     }
-
-    /// The one mapping from (code, stage) to layer, used by metrics and attribution alike.
-    pub fn of(code: Code, stage: Option<SizeStage>) -> Layer {
-        match code {
-            Code::RequestTooLarge
-            | Code::Unauthenticated
-            | Code::InvalidInput
-            | Code::InvalidToolCallId
-            | Code::RunMismatch
-            | Code::UnknownTool
-            | Code::Unauthorized
-            | Code::ToolNotReadOnly
-            | Code::DuplicateToolCall => Layer::Agent,
-            Code::RunInactive | Code::RunDeadlineExceeded | Code::BudgetExhausted => {
-                Layer::Workflow
-            }
-            Code::RunCancelled | Code::ShuttingDown => Layer::Operator,
-            Code::ToolExecutionFailed | Code::ToolTimeout => Layer::Provider,
-            Code::ResultTooLarge => match stage {
-                Some(SizeStage::Raw) => Layer::Provider,
-                Some(SizeStage::Agent) | Some(SizeStage::Record) => Layer::Harness,
-                Some(SizeStage::Run) => Layer::Workflow,
-                None => Layer::Unknown,
-            },
-            Code::ProjectionFailed | Code::Internal => Layer::Harness,
-            Code::RecordExpired | Code::StoreUnavailable => Layer::Environment,
-            Code::NotFound | Code::RunExists => Layer::Unknown,
-        }
-    }
 }
 
 /// A failure with its code and, for logs only, its cause.
@@ -245,8 +309,6 @@ impl Layer {
 #[error("{code}: {cause}")]
 pub struct Error {
     pub code: Code,
-    /// Set for `RESULT_TOO_LARGE`: which limit was exceeded.
-    pub stage: Option<SizeStage>,
     /// Operator-facing detail. Logged, never sent to the agent.
     pub cause: String,
 }
@@ -255,7 +317,6 @@ impl Error {
     pub fn new(code: Code) -> Error {
         Error {
             code,
-            stage: None,
             cause: String::new(),
         }
     }
@@ -263,17 +324,15 @@ impl Error {
     pub fn with_cause(code: Code, cause: impl fmt::Display) -> Error {
         Error {
             code,
-            stage: None,
             cause: cause.to_string(),
         }
     }
 
     pub fn too_large(stage: SizeStage) -> Error {
-        Error {
-            code: Code::ResultTooLarge,
-            stage: Some(stage),
-            cause: format!("{} limit exceeded", stage.as_str()),
-        }
+        Error::with_cause(
+            Code::ResultTooLarge(stage),
+            format_args!("{} limit exceeded", stage.as_str()),
+        )
     }
 
     pub fn store(cause: impl fmt::Display) -> Error {
@@ -285,7 +344,7 @@ impl Error {
     }
 
     pub fn layer(&self) -> Layer {
-        Layer::of(self.code, self.stage)
+        self.code.layer()
     }
 }
 
@@ -297,6 +356,18 @@ impl From<Code> for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The error body every listener answers with: the code, its fixed sentence, and the call's id
+/// when it is a safe one (else `null`).
+pub fn body(tool_call_id: Option<&ToolCallId>, code: Code) -> Vec<u8> {
+    let id = tool_call_id.map(ToolCallId::as_str);
+    serde_json::to_vec(&serde_json::json!({
+        "status": "ERROR",
+        "tool_call_id": id,
+        "error": {"code": code.as_str(), "message": code.message()},
+    }))
+    .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,20 +375,19 @@ mod tests {
     #[test]
     fn codes_round_trip_and_messages_are_plain() {
         for code in Code::ALL {
-            assert_eq!(Code::parse(code.as_str()), Some(code));
+            assert_eq!(CodeName::parse(code.as_str()), Some(CodeName::from(code)));
             assert!(!code.message().is_empty());
         }
-        assert_eq!(Code::parse("NOPE"), None);
+        assert_eq!(CodeName::parse("NOPE"), None);
     }
 
     #[test]
     fn result_too_large_layer_depends_on_stage() {
-        let layer = |s| Layer::of(Code::ResultTooLarge, Some(s));
+        let layer = |s| Code::ResultTooLarge(s).layer();
         assert_eq!(layer(SizeStage::Raw), Layer::Provider);
         assert_eq!(layer(SizeStage::Agent), Layer::Harness);
         assert_eq!(layer(SizeStage::Record), Layer::Harness);
         assert_eq!(layer(SizeStage::Run), Layer::Workflow);
-        assert_eq!(Layer::of(Code::ResultTooLarge, None), Layer::Unknown);
     }
 
     #[test]

@@ -1,36 +1,35 @@
 //! toolgate: a tool-call boundary sidecar for AI agents.
 //!
 //! Every agent tool call passes preflight, is forwarded to its tool service, is kept as one
-//! canonical record, and comes back to the agent only as a bounded projection.
+//! canonical record, and comes back to the agent only as a bounded projection. The life of a
+//! call, with these modules, is told in `docs/architecture.md`.
 //!
-//! - [`app`]: shared state, the three listeners, graceful shutdown
-//! - [`agent`], [`admin`]: the agent and admin listeners
-//! - [`boundary`]: the one flow of a call: preflight → reserve → execute → project → finalize
-//! - [`preflight`]: the ordered checks that need no store
-//! - [`upstream`]: the tool-service client with bounded body reads
-//! - [`projection`]: raw tool output → bounded agent result
-//! - [`store`]: the canonical store trait, the memory and Redis Cluster implementations
-//! - [`config`]: the config file and its hot-reloadable policy
+//! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`config`],
+//! [`auth`], [`error`], [`ids`], [`clock`] and [`body`] below them.
+//!
+//! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
+//! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
+//! - [`store`]: the canonical store: the trait, the memory and Redis Cluster backends
+//! - [`metrics`]: every metric and the failure-attribution counts
+//! - [`config`]: the config file, its validation and hot reload
 //! - [`auth`]: admin and run tokens
 //! - [`error`]: the one error type: code, HTTP status, layer, fixed message
-//! - [`telemetry`]: metrics and failure attribution
-//! - [`demo`]: `toolgate demo`
+//! - [`ids`]: run ids, tool-call ids and tool names, validated once
+//! - [`clock`]: the one clock
+//! - [`body`]: capped body reads
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
+//! - [`demo`]: `toolgate demo`
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod agent;
-pub mod app;
 pub mod auth;
-pub mod boundary;
+pub mod body;
+pub mod call;
 pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod error;
-pub mod http;
+pub mod ids;
 pub mod injector;
-pub mod preflight;
-pub mod projection;
+pub mod listen;
+pub mod metrics;
 pub mod store;
-pub mod telemetry;
-pub mod upstream;

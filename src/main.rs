@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use toolgate::app::{self, Listeners, Options};
 use toolgate::auth::{self, Tokens};
 use toolgate::config::Config;
 use toolgate::injector::{self, InjectorArgs, InjectorError, InjectorSettings};
+use toolgate::listen::{self, Listeners, Options};
 
 /// mimalloc instead of glibc malloc: the allocator was the largest single cost on the call
 /// path (a third of the instructions per call under callgrind, plus lock contention).
@@ -184,7 +184,7 @@ fn serve(path: PathBuf) -> ExitCode {
             config_path: Some(path),
             ..Options::default()
         };
-        match app::run(config, tokens, listeners, options, shutdown_signal()).await {
+        match listen::run(config, tokens, listeners, options, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %e, "toolgate stopped");

@@ -1,29 +1,32 @@
 //! The embedded store: the same semantics as Redis Cluster (TTL included) in one process.
-//! Every operation takes one lock, so each is atomic, as a Lua script is in Redis.
+//! Every operation takes one lock, so each is atomic, as a Lua script is in Redis. Expiry runs
+//! on the one clock ([`crate::clock`]), so tests move TTLs by pausing and advancing tokio time.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
-
-use tokio::time::Instant;
 
 use super::{
-    Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Status, Store,
-    StoreFuture, check_projecting,
+    Close, Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Status,
+    Store, StoreFuture, check_projecting,
 };
+use crate::clock;
 use crate::error::{Code, Error, SizeStage};
+use crate::ids::{RunId, ToolCallId};
 
-/// Embedded store. TTLs run on tokio's clock, so tests can pause and advance time.
+/// Instants of the one clock, in epoch milliseconds.
+type Instant = u64;
+
+/// Embedded store.
 pub struct MemoryStore {
-    record_ttl: Duration,
+    record_ttl_ms: u64,
     inner: Mutex<Inner>,
 }
 
 #[derive(Default)]
 struct Inner {
-    runs: HashMap<String, Expiring<RunEntry>>,
-    records: HashMap<(String, String), Expiring<String>>,
+    runs: HashMap<RunId, Expiring<RunEntry>>,
+    records: HashMap<(RunId, ToolCallId), Expiring<String>>,
     /// Every key's expiry instant, soonest first: expired keys are dropped in O(log n) each,
     /// so memory stays bounded by the TTLs without ever scanning the whole store.
     expiry: BinaryHeap<Reverse<(Instant, Key)>>,
@@ -31,13 +34,13 @@ struct Inner {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Key {
-    Run(String),
-    Record(String, String),
+    Run(RunId),
+    Record(RunId, ToolCallId),
 }
 
 struct RunEntry {
     run: RunView,
-    progress: Vec<String>,
+    progress: Vec<ToolCallId>,
 }
 
 struct Expiring<T> {
@@ -54,7 +57,7 @@ impl<T> Expiring<T> {
 impl MemoryStore {
     pub fn new(record_ttl_ms: u64) -> MemoryStore {
         MemoryStore {
-            record_ttl: Duration::from_millis(record_ttl_ms),
+            record_ttl_ms,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -63,7 +66,7 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.expire(Instant::now());
+        inner.expire(clock::now_ms());
         inner
     }
 }
@@ -95,15 +98,20 @@ impl Inner {
         }
     }
 
-    fn run(&mut self, run_id: &str, now: Instant) -> Option<&mut RunEntry> {
+    fn run(&mut self, run_id: &RunId, now: Instant) -> Option<&mut RunEntry> {
         if self.runs.get(run_id).is_some_and(|e| !e.live(now)) {
             self.runs.remove(run_id);
         }
         self.runs.get_mut(run_id).map(|e| &mut e.value)
     }
 
-    fn record(&mut self, run_id: &str, id: &str, now: Instant) -> Option<&Expiring<String>> {
-        let key = (run_id.to_string(), id.to_string());
+    fn record(
+        &mut self,
+        run_id: &RunId,
+        id: &ToolCallId,
+        now: Instant,
+    ) -> Option<&Expiring<String>> {
+        let key = (run_id.clone(), id.clone());
         if self.records.get(&key).is_some_and(|e| !e.live(now)) {
             self.records.remove(&key);
         }
@@ -114,13 +122,13 @@ impl Inner {
 impl Store for MemoryStore {
     fn create_run(&self, run: NewRun) -> StoreFuture<'_, RunView> {
         Box::pin(async move {
-            let now = Instant::now();
+            let now = clock::now_ms();
             let mut inner = self.lock();
             if inner.run(&run.run_id, now).is_some() {
                 return Err(Code::RunExists.into());
             }
             let view = RunView::new(run);
-            let ttl = Duration::from_millis(view.key_ttl_ms(self.record_ttl.as_millis() as u64));
+            let ttl = view.key_ttl_ms(self.record_ttl_ms);
             inner.runs.insert(
                 view.run_id.clone(),
                 Expiring {
@@ -138,19 +146,19 @@ impl Store for MemoryStore {
         })
     }
 
-    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunView>> {
+    fn get_run<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<RunView>> {
         Box::pin(async move {
             let mut inner = self.lock();
-            Ok(inner.run(run_id, Instant::now()).map(|e| e.run.clone()))
+            Ok(inner.run(run_id, clock::now_ms()).map(|e| e.run.clone()))
         })
     }
 
-    fn close_run<'a>(&'a self, run_id: &'a str, to: RunState) -> StoreFuture<'a, Option<RunView>> {
+    fn close_run<'a>(&'a self, run_id: &'a RunId, how: Close) -> StoreFuture<'a, Option<RunView>> {
         Box::pin(async move {
             let mut inner = self.lock();
-            Ok(inner.run(run_id, Instant::now()).map(|e| {
+            Ok(inner.run(run_id, clock::now_ms()).map(|e| {
                 if e.run.state == RunState::Active {
-                    e.run.state = to;
+                    e.run.state = how.state();
                 }
                 e.run.clone()
             }))
@@ -161,7 +169,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             check_projecting(record)?;
             let body = record.to_json()?;
-            let now = Instant::now();
+            let now = clock::now_ms();
             let mut inner = self.lock();
             let duplicate = inner
                 .record(&record.run_id, &record.tool_call_id, now)
@@ -174,10 +182,10 @@ impl Store for MemoryStore {
             *entry
                 .run
                 .calls_per_tool
-                .entry(record.tool.clone())
+                .entry(record.tool.to_string())
                 .or_insert(0) += 1;
             let key = (record.run_id.clone(), record.tool_call_id.clone());
-            let expires_at = now + self.record_ttl;
+            let expires_at = now + self.record_ttl_ms;
             inner.expiry.push(Reverse((
                 expires_at,
                 Key::Record(key.0.clone(), key.1.clone()),
@@ -196,7 +204,7 @@ impl Store for MemoryStore {
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
             let prepared = PreparedFinal::new(record, record_bytes)?;
-            let now = Instant::now();
+            let now = clock::now_ms();
             let mut inner = self.lock();
             let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "record vanished"));
@@ -231,23 +239,23 @@ impl Store for MemoryStore {
 
     fn get_record<'a>(
         &'a self,
-        run_id: &'a str,
-        tool_call_id: &'a str,
+        run_id: &'a RunId,
+        tool_call_id: &'a ToolCallId,
     ) -> StoreFuture<'a, Option<(Record, u64)>> {
         Box::pin(async move {
-            let now = Instant::now();
+            let now = clock::now_ms();
             let mut inner = self.lock();
             let Some(e) = inner.record(run_id, tool_call_id, now) else {
                 return Ok(None);
             };
-            let ttl = e.expires_at.saturating_duration_since(now).as_millis() as u64;
+            let ttl = e.expires_at.saturating_sub(now);
             Ok(Some((Record::from_json(&e.value)?, ttl)))
         })
     }
 
-    fn progress<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
+    fn progress<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
         Box::pin(async move {
-            let now = Instant::now();
+            let now = clock::now_ms();
             let mut inner = self.lock();
             let Some(ids) = inner.run(run_id, now).map(|e| e.progress.clone()) else {
                 return Ok(None);
@@ -272,16 +280,20 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::ToolName;
     use crate::store::Budget;
     use serde_json::json;
+    use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
     async fn expired_keys_leave_memory_without_being_read() {
         let store = MemoryStore::new(1_000);
+        let now = clock::now_ms();
+        let run_id = RunId::parse("r").unwrap();
         let run = NewRun {
-            run_id: "r".into(),
-            created_ms: 0,
-            deadline_ms: 500,
+            run_id: run_id.clone(),
+            created_ms: now,
+            deadline_ms: now + 500,
             budget: Budget {
                 max_calls: 10,
                 max_calls_per_tool: Default::default(),
@@ -291,13 +303,22 @@ mod tests {
         };
         store.create_run(run).await.unwrap();
         for id in ["a", "b", "c"] {
-            let record = Record::projecting("r", id, "t", json!({}), 0);
-            store.reserve(&record, 1).await.unwrap();
+            let record = Record::projecting(
+                run_id.clone(),
+                ToolCallId::parse(id).unwrap(),
+                ToolName::parse("t").unwrap(),
+                json!({}),
+                now,
+            );
+            store.reserve(&record, now + 1).await.unwrap();
         }
         assert_eq!(store.lock().records.len(), 3);
         tokio::time::advance(Duration::from_millis(1_001)).await;
         // Any operation expires what is due; the run (TTL 500 + 1000 ms) is not due yet.
-        store.get_run("other").await.unwrap();
+        store
+            .get_run(&RunId::parse("other").unwrap())
+            .await
+            .unwrap();
         {
             let inner = store.lock();
             assert!(inner.records.is_empty());

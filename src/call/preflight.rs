@@ -1,5 +1,6 @@
-//! The ordered preflight checks that need no store (SPEC §3 steps 1–9). The first failing check
-//! answers; nothing is forwarded and nothing is spent.
+//! The ordered preflight checks that need no store (steps 1–9; step 10 is the store's
+//! reservation). The first failing check answers; nothing is forwarded and nothing is spent.
+//! The order is listed in `docs/api.md`.
 
 use std::sync::Arc;
 
@@ -8,9 +9,9 @@ use hyper::HeaderMap;
 use serde_json::{Map, Value};
 
 use crate::auth::Tokens;
-use crate::config::{Policy, Tool, is_safe_run_id, is_safe_tool_call_id};
+use crate::config::{Policy, Tool};
 use crate::error::{Code, Error};
-use crate::telemetry::UNKNOWN_TOOL;
+use crate::ids::{RunId, ToolCallId, ToolName};
 
 /// Which of the two equivalent call forms a request used.
 #[derive(Debug, Clone)]
@@ -21,33 +22,42 @@ pub enum Form {
     Intercept { tool: String },
 }
 
-/// A request as it arrived: the body is `None` when it exceeded the read cap.
+/// A request body as the listener read it.
+pub enum Received {
+    Complete(Bytes),
+    /// Over the read cap (the largest configured `request_bytes` + 1).
+    TooLarge,
+    /// The client failed to send it (a broken connection, or too slow).
+    Broken,
+}
+
+/// A request as it arrived.
 pub struct Incoming {
     pub form: Form,
     pub headers: HeaderMap,
-    pub body: Option<Bytes>,
+    pub body: Received,
 }
 
-/// A rejected call: the error, the id to echo (safe or none), and the tool label for metrics.
+/// A rejected call: the error, the id to echo (safe or none), and the tool if it is configured.
 #[derive(Debug)]
 pub struct Rejection {
     pub error: Error,
-    pub tool_call_id: Option<String>,
-    pub tool_label: String,
+    pub tool_call_id: Option<ToolCallId>,
+    pub tool: Option<ToolName>,
 }
 
 /// A call that passed steps 1–6: identified, authenticated, bound to its run and tool.
 pub struct Identified {
-    pub run_id: String,
-    pub tool_call_id: String,
+    pub run_id: RunId,
+    pub tool_call_id: ToolCallId,
     pub tool: Arc<Tool>,
     input: Option<Value>,
 }
 
 /// A call that passed steps 1–9: ready for the store reservation.
 pub struct Admitted {
-    pub run_id: String,
-    pub tool_call_id: String,
+    pub run_id: RunId,
+    pub tool_call_id: ToolCallId,
     pub tool: Arc<Tool>,
     /// The input object exactly as it will be forwarded and recorded.
     pub input: Value,
@@ -104,26 +114,34 @@ impl Claims {
     }
 
     /// The id to echo in an error body: only ever a safe one.
-    fn safe_id(&self) -> Option<String> {
-        self.tool_call_id
-            .clone()
-            .filter(|id| is_safe_tool_call_id(id))
+    fn safe_id(&self) -> Option<ToolCallId> {
+        self.tool_call_id.as_deref().and_then(ToolCallId::parse)
+    }
+}
+
+impl Incoming {
+    fn claims(&self) -> Claims {
+        let body = match &self.body {
+            Received::Complete(b) => Some(b),
+            Received::TooLarge | Received::Broken => None,
+        };
+        Claims::read(&self.form, &self.headers, body)
     }
 }
 
 /// A rejection before any check (the sidecar is draining), echoing what the request claims.
 pub fn refuse(policy: &Policy, incoming: &Incoming, code: Code) -> Rejection {
-    let claims = Claims::read(&incoming.form, &incoming.headers, incoming.body.as_ref());
+    let claims = incoming.claims();
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t));
     rejection(&claims, tool, code)
 }
 
-/// A rejection found before step 6: the safe id the request carried, the tool label if known.
+/// A rejection found before step 6: the safe id the request carried, the tool if configured.
 fn rejection(claims: &Claims, tool: Option<&Arc<Tool>>, code: Code) -> Rejection {
     Rejection {
         error: Error::new(code),
         tool_call_id: claims.safe_id(),
-        tool_label: tool.map_or(UNKNOWN_TOOL.to_string(), |t| t.name.clone()),
+        tool: tool.map(|t| t.name.clone()),
     }
 }
 
@@ -133,17 +151,29 @@ pub fn identify(
     tokens: &Tokens,
     incoming: &Incoming,
 ) -> Result<Identified, Rejection> {
-    let claims = Claims::read(&incoming.form, &incoming.headers, incoming.body.as_ref());
+    let claims = incoming.claims();
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
     let reject = |code: Code| rejection(&claims, tool.as_ref(), code);
 
+    // A body the client never finished sending is unreadable input; nothing in it is trusted,
+    // not even an id to echo.
+    let body = match &incoming.body {
+        Received::Complete(body) => body,
+        Received::TooLarge => return Err(reject(Code::RequestTooLarge)),
+        Received::Broken => {
+            return Err(Rejection {
+                tool_call_id: None,
+                ..reject(Code::InvalidInput)
+            });
+        }
+    };
     // 1. Size: the tool's own limit once it is known, the global one before.
     let limit = tool
         .as_ref()
         .map_or(policy.limits.request_bytes, |t| t.limits.request_bytes);
-    let Some(body) = incoming.body.as_ref().filter(|b| b.len() as u64 <= limit) else {
+    if body.len() as u64 > limit {
         return Err(reject(Code::RequestTooLarge));
-    };
+    }
     // 2. The run token.
     let Some(token_run) = tokens.run_of(&incoming.headers) else {
         return Err(reject(Code::Unauthenticated));
@@ -157,8 +187,8 @@ pub fn identify(
         return Err(reject(Code::InvalidToolCallId));
     };
     // 5. The call belongs to the token's run.
-    let run_id = match &claims.run_id {
-        Some(r) if is_safe_run_id(r) && r == token_run => r.clone(),
+    let run_id = match claims.run_id.as_deref().and_then(RunId::parse) {
+        Some(r) if r == token_run => r,
         _ => return Err(reject(Code::RunMismatch)),
     };
     // 6. The tool is configured.
@@ -183,10 +213,10 @@ impl Identified {
         let reject = |code: Code| Rejection {
             error: Error::new(code),
             tool_call_id: Some(self.tool_call_id.clone()),
-            tool_label: self.tool.name.clone(),
+            tool: Some(self.tool.name.clone()),
         };
         // 7. Allowed for this run.
-        if run_tools.is_some_and(|tools| !tools.iter().any(|t| *t == self.tool.name)) {
+        if run_tools.is_some_and(|tools| !tools.iter().any(|t| self.tool.name == t.as_str())) {
             return Err(reject(Code::Unauthorized));
         }
         // 8. Read-only.

@@ -1,12 +1,14 @@
-//! Metrics (SPEC §8) and failure attribution, all registered here; the telemetry listener's
-//! `/metrics`, `/healthz` and `/readyz`.
+//! Every metric toolgate exports, all registered here, with label sets drawn from closed sets
+//! (enums and configured tool names, never ids or input); and the failure-attribution counts
+//! behind `GET /v1/failure-attribution`. The metric table is in `docs/api.md`.
 
 use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -14,24 +16,48 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde_json::{Map, Value, json};
 
-use crate::error::{Code, Error, Layer};
-use crate::projection::Evidence;
+use crate::error::{Code, Error, Layer, SizeStage};
+use crate::ids::ToolName;
+use crate::store::{Evidence, Observer, Status, StoreOp};
 
 /// Label value for a tool name that is not configured: keeps cardinality bounded.
 pub const UNKNOWN_TOOL: &str = "_unknown";
 
-/// Every store operation [`Metrics::store_op`] times: the closed set of `op` label values.
-pub const STORE_OPS: [&str; 9] = [
-    "create_run",
-    "get_run",
-    "end_run",
-    "cancel_run",
-    "reserve",
-    "finalize",
-    "get_record",
-    "facts",
-    "ping",
-];
+/// The `tool` label: a configured tool, or `_unknown`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct ToolLabel(Option<ToolName>);
+
+/// The `result` label of config reloads.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ReloadResult {
+    Ok,
+    Error,
+}
+
+macro_rules! label_value {
+    ($($t:ty => |$v:ident| $s:expr;)*) => {$(
+        impl EncodeLabelValue for $t {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+                let $v = self;
+                encoder.write_str($s)
+            }
+        }
+    )*};
+}
+
+label_value! {
+    ToolLabel => |t| t.0.as_deref().unwrap_or(UNKNOWN_TOOL);
+    Code => |c| c.as_str();
+    Layer => |l| l.as_str();
+    SizeStage => |s| s.as_str();
+    Evidence => |e| e.as_str();
+    Status => |s| s.as_str();
+    StoreOp => |o| o.as_str();
+    ReloadResult => |r| match r {
+        ReloadResult::Ok => "ok",
+        ReloadResult::Error => "error",
+    };
+}
 
 /// Latency buckets from 0.25 ms to 60 s.
 const BUCKETS: [f64; 16] = [
@@ -45,48 +71,48 @@ fn histogram() -> Histogram {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InvocationLabels {
-    tool: String,
-    status: &'static str,
-    evidence_status: &'static str,
+    tool: ToolLabel,
+    status: Status,
+    evidence_status: Evidence,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolCodeLabels {
-    tool: String,
-    code: &'static str,
+    tool: ToolLabel,
+    code: Code,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolStageLabels {
-    tool: String,
-    stage: &'static str,
+    tool: ToolLabel,
+    stage: SizeStage,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LayerCodeLabels {
-    layer: &'static str,
-    code: &'static str,
+    layer: Layer,
+    code: Code,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolStatusLabels {
-    tool: String,
-    status: &'static str,
+    tool: ToolLabel,
+    status: Status,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
-    tool: String,
+    tool: ToolLabel,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
-    op: &'static str,
+    op: StoreOp,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
-    result: &'static str,
+    result: ReloadResult,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -178,10 +204,10 @@ impl Metrics {
         );
         // Counters of closed label sets start at 0, so they are exported (and rate() and
         // alerts see their first increment) before anything happened.
-        for op in STORE_OPS {
+        for op in StoreOp::ALL {
             let _ = store_errors.get_or_create(&OpLabels { op });
         }
-        for result in ["ok", "error"] {
+        for result in [ReloadResult::Ok, ReloadResult::Error] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
         Metrics {
@@ -210,29 +236,41 @@ impl Metrics {
     }
 
     /// A call rejected before it reached the tool (preflight steps 1–10, or shutdown).
-    pub fn rejected(&self, tool: &str, err: &Error) {
+    pub fn rejected(&self, tool: Option<&ToolName>, err: &Error) {
+        let tool = ToolLabel(tool.cloned());
         self.preflight_rejections
             .get_or_create(&ToolCodeLabels {
-                tool: tool.to_string(),
-                code: err.code.as_str(),
+                tool: tool.clone(),
+                code: err.code,
             })
             .inc();
         self.failed(tool, err);
     }
 
     /// A reserved call that ended. `err` is set for ERROR outcomes.
-    pub fn finished(&self, tool: &str, evidence: Evidence, elapsed: Duration, err: Option<&Error>) {
-        let status = if err.is_some() { "ERROR" } else { "READY" };
+    pub fn finished(
+        &self,
+        tool: &ToolName,
+        evidence: Evidence,
+        elapsed: Duration,
+        err: Option<&Error>,
+    ) {
+        let tool = ToolLabel(Some(tool.clone()));
+        let status = if err.is_some() {
+            Status::Error
+        } else {
+            Status::Ready
+        };
         self.invocations
             .get_or_create(&InvocationLabels {
-                tool: tool.to_string(),
+                tool: tool.clone(),
                 status,
-                evidence_status: evidence.as_str(),
+                evidence_status: evidence,
             })
             .inc();
         self.invocation_duration
             .get_or_create(&ToolStatusLabels {
-                tool: tool.to_string(),
+                tool: tool.clone(),
                 status,
             })
             .observe(elapsed.as_secs_f64());
@@ -241,68 +279,41 @@ impl Metrics {
         }
     }
 
-    fn failed(&self, tool: &str, err: &Error) {
+    fn failed(&self, tool: ToolLabel, err: &Error) {
         let layer = err.layer();
-        if let (Code::ResultTooLarge, Some(stage)) = (err.code, err.stage) {
+        if let Code::ResultTooLarge(stage) = err.code {
             self.result_too_large
-                .get_or_create(&ToolStageLabels {
-                    tool: tool.to_string(),
-                    stage: stage.as_str(),
-                })
+                .get_or_create(&ToolStageLabels { tool, stage })
                 .inc();
         }
         self.failures
             .get_or_create(&LayerCodeLabels {
-                layer: layer.as_str(),
-                code: err.code.as_str(),
+                layer,
+                code: err.code,
             })
             .inc();
         let mut counts = self.attribution.lock().unwrap_or_else(|p| p.into_inner());
         *counts.entry((layer, err.code)).or_insert(0) += 1;
     }
 
-    pub fn upstream(&self, tool: &str, elapsed: Duration) {
+    pub fn upstream(&self, tool: &ToolName, elapsed: Duration) {
         self.upstream_duration
             .get_or_create(&ToolLabels {
-                tool: tool.to_string(),
+                tool: ToolLabel(Some(tool.clone())),
             })
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Runs one store operation, timing it and counting STORE_UNAVAILABLE failures.
-    pub async fn store_op<T>(
-        &self,
-        op: &'static str,
-        fut: impl std::future::Future<Output = crate::error::Result<T>>,
-    ) -> crate::error::Result<T> {
-        debug_assert!(STORE_OPS.contains(&op), "unlisted store op {op}");
-        let started = std::time::Instant::now();
-        let result = fut.await;
-        let unavailable = matches!(&result, Err(e) if e.code == Code::StoreUnavailable);
-        self.record_store_op(op, started.elapsed(), unavailable);
-        result
-    }
-
-    fn record_store_op(&self, op: &'static str, elapsed: Duration, unavailable: bool) {
-        self.store_duration
-            .get_or_create(&OpLabels { op })
-            .observe(elapsed.as_secs_f64());
-        if unavailable {
-            self.store_errors.get_or_create(&OpLabels { op }).inc();
-        }
-    }
-
     /// Moves the in-flight gauge of a tool by `delta`.
-    pub fn in_flight(&self, tool: &str, delta: i64) {
+    pub fn in_flight(&self, tool: &ToolName, delta: i64) {
         self.in_flight
             .get_or_create(&ToolLabels {
-                tool: tool.to_string(),
+                tool: ToolLabel(Some(tool.clone())),
             })
             .inc_by(delta);
     }
 
-    pub fn config_reload(&self, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
+    pub fn config_reload(&self, result: ReloadResult) {
         self.config_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
@@ -335,6 +346,7 @@ impl Metrics {
                 json!({"count": n, "share": share(n)}),
             );
         }
+        // Keyed by wire name: the stages of RESULT_TOO_LARGE add up under one code.
         let mut by_code: BTreeMap<&str, u64> = BTreeMap::new();
         for ((_, code), n) in &counts {
             *by_code.entry(code.as_str()).or_insert(0) += n;
@@ -353,26 +365,45 @@ impl Metrics {
     }
 }
 
+impl Observer for Metrics {
+    fn store_op(&self, op: StoreOp, elapsed: Duration, unavailable: bool) {
+        self.store_duration
+            .get_or_create(&OpLabels { op })
+            .observe(elapsed.as_secs_f64());
+        if unavailable {
+            self.store_errors.get_or_create(&OpLabels { op }).inc();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::SizeStage;
+
+    fn tool(name: &str) -> ToolName {
+        ToolName::parse(name).unwrap()
+    }
 
     #[test]
     fn exposition_names_follow_the_contract() {
         let m = Metrics::new();
-        m.rejected(UNKNOWN_TOOL, &Error::new(Code::UnknownTool));
+        m.rejected(None, &Error::new(Code::UnknownTool));
         m.finished(
-            "search",
+            &tool("search"),
             Evidence::Error,
             Duration::from_millis(3),
             Some(&Error::too_large(SizeStage::Raw)),
         );
-        m.finished("search", Evidence::Found, Duration::from_millis(3), None);
-        m.record_store_op("reserve", Duration::from_millis(1), true);
-        m.in_flight("search", 1);
-        m.config_reload(false);
-        m.upstream("search", Duration::from_millis(2));
+        m.finished(
+            &tool("search"),
+            Evidence::Found,
+            Duration::from_millis(3),
+            None,
+        );
+        m.store_op(StoreOp::Reserve, Duration::from_millis(1), true);
+        m.in_flight(&tool("search"), 1);
+        m.config_reload(ReloadResult::Error);
+        m.upstream(&tool("search"), Duration::from_millis(2));
         let text = m.encode();
         for needle in [
             r#"toolgate_preflight_rejections_total{tool="_unknown",code="UNKNOWN_TOOL"} 1"#,
@@ -398,11 +429,12 @@ mod tests {
         assert_eq!(empty["total"], 0);
         assert_eq!(empty["by_layer"]["AGENT"]["share"], 0.0);
         assert_eq!(empty["by_layer"].as_object().unwrap().len(), 7);
-        m.rejected("a", &Error::new(Code::BudgetExhausted));
-        m.rejected("a", &Error::new(Code::InvalidInput));
-        m.rejected("a", &Error::new(Code::InvalidInput));
+        let a = tool("a");
+        m.rejected(Some(&a), &Error::new(Code::BudgetExhausted));
+        m.rejected(Some(&a), &Error::new(Code::InvalidInput));
+        m.rejected(Some(&a), &Error::new(Code::InvalidInput));
         m.finished(
-            "a",
+            &a,
             Evidence::Error,
             Duration::ZERO,
             Some(&Error::new(Code::ToolTimeout)),

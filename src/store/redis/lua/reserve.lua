@@ -1,4 +1,4 @@
--- Atomic reservation (SPEC §3 step 10): the checks in contract order, then the record and the
+-- Atomic reservation (preflight step 10): the checks in contract order, then the record and the
 -- counters, so concurrent calls can never overspend a budget or both win one tool_call_id.
 -- KEYS[1] run hash, KEYS[2] record
 -- ARGV[1] now_ms, ARGV[2] tool, ARGV[3] PROJECTING record JSON, ARGV[4] record TTL ms

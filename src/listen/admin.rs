@@ -1,4 +1,5 @@
-//! The admin listener: runs, records, facts and failure attribution, for the harness.
+//! The admin listener: runs, records, facts and failure attribution, for the harness. Every
+//! route needs the admin token; errors use the same error body as tool calls.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,14 +9,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::State;
-use crate::boundary::error_body;
+use super::http;
+use crate::body::read_capped;
+use crate::call::State;
 use crate::clock;
-use crate::config::{is_safe_run_id, is_safe_tool_call_id};
 use crate::error::{Code, Error, Result};
-use crate::http;
-use crate::store::{self, Budget, NewRun, RunState, RunView};
-use crate::upstream::read_capped;
+use crate::ids::{RunId, ToolCallId};
+use crate::store::{self, Budget, Close, NewRun, RunState, RunView};
 
 /// Largest accepted admin request body.
 const MAX_BODY: u64 = 65_536;
@@ -23,7 +23,7 @@ const MAX_BODY: u64 = 65_536;
 /// Serves one admin request. Never fails: errors become the contract's error body.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http::Body> {
     if !state.tokens.is_admin(req.headers()) {
-        return error(Code::Unauthenticated);
+        return http::error(Code::Unauthenticated, None);
     }
     match route(&state, req).await {
         Ok((status, body)) => http::json(status, &body),
@@ -31,13 +31,9 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http:
             if e.code == Code::StoreUnavailable || e.code == Code::Internal {
                 tracing::warn!(code = e.code.as_str(), cause = %e.cause, "admin request failed");
             }
-            error(e.code)
+            http::error(e.code, None)
         }
     }
-}
-
-fn error(code: Code) -> Response<http::Body> {
-    http::json(code.status(), &error_body(None, code))
 }
 
 async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Value)> {
@@ -50,35 +46,30 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
             Ok((StatusCode::OK, state.metrics.attribution()))
         }
         (Method::GET, ["v1", "runs", run]) => {
-            let run = get_run(state, run_id(run)?).await?;
+            let run = get_run(state, &run_id(run)?).await?;
             Ok((StatusCode::OK, run_json(&run)))
         }
         (Method::POST, ["v1", "runs", run, "end"]) => {
             let run = run_id(run)?;
-            close(state, run, RunState::Ended).await?;
-            Ok((StatusCode::OK, facts(state, run).await?))
+            close(state, &run, Close::End).await?;
+            Ok((StatusCode::OK, facts(state, &run).await?))
         }
         (Method::POST, ["v1", "runs", run, "cancel"]) => {
             let run = run_id(run)?;
-            let view = close(state, run, RunState::Cancelled).await?;
+            let view = close(state, &run, Close::Cancel).await?;
             // An ended run stays ended, and its calls in flight finish normally.
             if view.state == RunState::Cancelled {
-                state.calls.cancel(run);
+                state.calls.cancel(&run);
             }
             Ok((StatusCode::OK, run_json(&view)))
         }
         (Method::GET, ["v1", "runs", run, "facts"]) => {
-            Ok((StatusCode::OK, facts(state, run_id(run)?).await?))
+            Ok((StatusCode::OK, facts(state, &run_id(run)?).await?))
         }
         (Method::GET, ["v1", "runs", run, "invocations", id]) => {
             let run = run_id(run)?;
-            if !is_safe_tool_call_id(id) {
-                return Err(Code::InvalidInput.into());
-            }
-            let found = state
-                .metrics
-                .store_op("get_record", state.store.get_record(run, id))
-                .await?;
+            let id = ToolCallId::parse(id).ok_or(Error::new(Code::InvalidInput))?;
+            let found = state.store.get_record(&run, &id).await?;
             let (record, ttl_ms) = found.ok_or(Error::new(Code::NotFound))?;
             let mut body = serde_json::to_value(&record).map_err(Error::internal)?;
             if let Value::Object(m) = &mut body {
@@ -90,12 +81,8 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
     }
 }
 
-fn run_id(s: &str) -> Result<&str> {
-    if is_safe_run_id(s) {
-        Ok(s)
-    } else {
-        Err(Code::InvalidInput.into())
-    }
+fn run_id(s: &str) -> Result<RunId> {
+    RunId::parse(s).ok_or(Error::new(Code::InvalidInput))
 }
 
 #[derive(Deserialize)]
@@ -122,9 +109,7 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
         .map_err(|_| Error::new(Code::InvalidInput))?;
     let input: CreateRun =
         serde_json::from_slice(&body).map_err(|e| Error::with_cause(Code::InvalidInput, e))?;
-    if !is_safe_run_id(&input.run_id) {
-        return Err(Code::InvalidInput.into());
-    }
+    let run_id = run_id(&input.run_id)?;
     let runs = state.policy.get().runs;
     let timeout_ms = input.timeout_ms.unwrap_or(runs.default_timeout_ms);
     if timeout_ms == 0 || timeout_ms > runs.max_timeout_ms {
@@ -135,7 +120,7 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
     }
     let now = clock::now_ms();
     let run = NewRun {
-        run_id: input.run_id,
+        run_id,
         created_ms: now,
         deadline_ms: now + timeout_ms,
         budget: Budget {
@@ -148,10 +133,7 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
         },
         tools: input.tools,
     };
-    let view = state
-        .metrics
-        .store_op("create_run", state.store.create_run(run))
-        .await?;
+    let view = state.store.create_run(run).await?;
     state.runs.put(&view);
     Ok((
         StatusCode::CREATED,
@@ -163,30 +145,26 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
     ))
 }
 
-async fn get_run(state: &State, run_id: &str) -> Result<RunView> {
+async fn get_run(state: &State, run_id: &RunId) -> Result<RunView> {
     state
-        .metrics
-        .store_op("get_run", state.store.get_run(run_id))
+        .store
+        .get_run(run_id)
         .await?
         .ok_or(Error::new(Code::NotFound))
 }
 
-async fn close(state: &State, run_id: &str, to: RunState) -> Result<RunView> {
-    let op = match to {
-        RunState::Cancelled => "cancel_run",
-        RunState::Active | RunState::Ended => "end_run",
-    };
+async fn close(state: &State, run_id: &RunId, how: Close) -> Result<RunView> {
     state
-        .metrics
-        .store_op(op, state.store.close_run(run_id, to))
+        .store
+        .close_run(run_id, how)
         .await?
         .ok_or(Error::new(Code::NotFound))
 }
 
-async fn facts(state: &State, run_id: &str) -> Result<Value> {
+async fn facts(state: &State, run_id: &RunId) -> Result<Value> {
     let entries = state
-        .metrics
-        .store_op("facts", state.store.progress(run_id))
+        .store
+        .progress(run_id)
         .await?
         .ok_or(Error::new(Code::NotFound))?;
     serde_json::to_value(store::facts(run_id, entries)).map_err(Error::internal)

@@ -1,38 +1,11 @@
 //! Projection: turns a tool's raw JSON into the bounded result the agent sees. The declarative
-//! projector here is a pure function; other projectors plug in through [`Projector`].
+//! projector (a tool's `projection` config) is a pure function; other projectors plug in
+//! through [`Projector`].
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-/// Whether a result holds evidence. `Error` only appears on ERROR records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Evidence {
-    #[serde(rename = "EVIDENCE_FOUND")]
-    Found,
-    #[serde(rename = "NO_EVIDENCE")]
-    None,
-    #[serde(rename = "ERROR")]
-    Error,
-}
-
-impl Evidence {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Evidence::Found => "EVIDENCE_FOUND",
-            Evidence::None => "NO_EVIDENCE",
-            Evidence::Error => "ERROR",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Evidence> {
-        match s {
-            "EVIDENCE_FOUND" => Some(Evidence::Found),
-            "NO_EVIDENCE" => Some(Evidence::None),
-            "ERROR" => Some(Evidence::Error),
-            _ => None,
-        }
-    }
-}
+use crate::config::Projection;
+use crate::store::Evidence;
 
 /// A projected result: what the agent is shown.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,17 +27,6 @@ pub enum ProjectionError {
 pub trait Projector: Send + Sync {
     fn project(&self, tool: &str, input: &Value, raw: &Value)
     -> Result<Projected, ProjectionError>;
-}
-
-/// The declarative projector of a tool: `select`, `max_items`, `fields`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Projection {
-    /// JSON Pointer into the raw document; empty selects the whole document.
-    pub select: String,
-    /// Arrays keep their first N items.
-    pub max_items: Option<usize>,
-    /// Objects keep only these keys.
-    pub fields: Option<Vec<String>>,
 }
 
 impl Projector for Projection {

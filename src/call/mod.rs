@@ -1,26 +1,103 @@
-//! The one flow of a tool call: preflight → reserve → execute → project → finalize → answer.
+//! The call pipeline: one screen for the whole life of a tool call, whatever front end it came
+//! through.
+//!
+//! ```text
+//! handle: admit ──────────────────────────────▶ execute ─────────────▶ finalize ──▶ Answer
+//!         preflight 1–9 (no store) → reserve      upstream → project      store CAS
+//! ```
+//!
+//! Front ends (`listen::agent` today) only turn their wire format into an [`Incoming`] and an
+//! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+pub mod preflight;
+pub mod projection;
+pub mod runs;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
+use serde_json::Value;
 
-use crate::app::State;
+use crate::auth::Tokens;
 use crate::clock;
-use crate::config::Tool;
-use crate::error::{Code, Error, SizeStage};
-use crate::preflight::{self, Admitted, Incoming, Rejection};
-use crate::projection::{self, Evidence, Projected, Projector};
-use crate::store::{Finalized, Record, RunView, Status};
-use crate::upstream::{ToolRequest, UpstreamError};
+use crate::config::{Config, LivePolicy, Tool};
+use crate::error::{Code, Error, Result, SizeStage};
+use crate::ids::{RunId, ToolCallId};
+use crate::metrics::Metrics;
+use crate::store::{self, Evidence, Finalized, Record, Status, Store};
+use preflight::{Admitted, Rejection};
+pub use preflight::{Form, Incoming, Received};
+use projection::{Projected, Projector};
+use runs::{CallGuard, Calls, RunCache, RunSpec};
+use upstream::{ToolRequest, Upstream, UpstreamError};
+
+/// Everything a call needs, shared by all listeners.
+pub struct State {
+    pub policy: Arc<LivePolicy>,
+    pub tokens: Tokens,
+    pub store: Arc<dyn Store>,
+    pub metrics: Arc<Metrics>,
+    pub upstream: Upstream,
+    pub runs: RunCache,
+    pub calls: Arc<Calls>,
+    store_timeout: Duration,
+    draining: AtomicBool,
+}
+
+impl State {
+    /// Opens the store and the upstream client for `config`.
+    pub async fn new(config: &Config, tokens: Tokens) -> Result<State> {
+        let metrics = Arc::new(Metrics::new());
+        let store = store::open(&config.store, metrics.clone()).await?;
+        Ok(State {
+            policy: Arc::new(LivePolicy::new(config.policy.clone())),
+            tokens,
+            store,
+            metrics,
+            upstream: Upstream::new().map_err(Error::internal)?,
+            runs: RunCache::default(),
+            calls: Arc::new(Calls::default()),
+            store_timeout: config.store.timeout,
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// From now on new calls get `SHUTTING_DOWN` and `/readyz` answers 503.
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The immutable part of a run, from this sidecar's cache or else the store.
+    pub async fn run_spec(&self, run_id: &RunId) -> Result<Option<Arc<RunSpec>>> {
+        if let Some(spec) = self.runs.get(run_id) {
+            return Ok(Some(spec));
+        }
+        let run = self.store.get_run(run_id).await?;
+        Ok(run.map(|r| self.runs.put(&r)))
+    }
+
+    /// `/readyz`: not draining, and the store answers within its timeout.
+    pub async fn ready(&self) -> bool {
+        if self.is_draining() {
+            return false;
+        }
+        matches!(
+            tokio::time::timeout(self.store_timeout, self.store.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+}
 
 /// What the agent is told: a projected result or an error, with the id to echo.
 pub struct Answer {
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<ToolCallId>,
     pub result: Result<Shown, Error>,
 }
 
@@ -29,38 +106,6 @@ pub struct Shown {
     pub evidence: Evidence,
     /// The compact JSON of the projected result; its length is what `agent_bytes` limits.
     pub result_json: Vec<u8>,
-}
-
-impl Answer {
-    /// The agent-facing JSON body. Errors carry only the code and its fixed message.
-    pub fn body(&self) -> Vec<u8> {
-        match &self.result {
-            Ok(shown) => {
-                let id = serde_json::to_string(&self.tool_call_id).unwrap_or_default();
-                let mut out = Vec::with_capacity(shown.result_json.len() + id.len() + 96);
-                out.extend_from_slice(br#"{"status":"READY","tool_call_id":"#);
-                out.extend_from_slice(id.as_bytes());
-                out.extend_from_slice(br#","evidence_status":""#);
-                out.extend_from_slice(shown.evidence.as_str().as_bytes());
-                out.extend_from_slice(br#"","result":"#);
-                out.extend_from_slice(&shown.result_json);
-                out.push(b'}');
-                out
-            }
-            Err(e) => error_body(self.tool_call_id.as_deref(), e.code)
-                .to_string()
-                .into_bytes(),
-        }
-    }
-}
-
-/// The error body shared by every listener.
-pub fn error_body(tool_call_id: Option<&str>, code: Code) -> Value {
-    json!({
-        "status": "ERROR",
-        "tool_call_id": tool_call_id,
-        "error": {"code": code.as_str(), "message": code.message()},
-    })
 }
 
 /// Runs one tool call end to end. Never fails: every error becomes an answer.
@@ -73,12 +118,12 @@ pub async fn handle(state: &State, incoming: Incoming) -> Answer {
                 target: "toolgate::call",
                 code = r.error.code.as_str(),
                 layer = r.error.layer().as_str(),
-                "gen_ai.tool.name" = %r.tool_label,
+                "gen_ai.tool.name" = r.tool.as_deref().unwrap_or(crate::metrics::UNKNOWN_TOOL),
                 "gen_ai.tool.call.id" = r.tool_call_id.as_deref().unwrap_or(""),
                 cause = %r.error.cause,
                 "call rejected"
             );
-            state.metrics.rejected(&r.tool_label, &r.error);
+            state.metrics.rejected(r.tool.as_ref(), &r.error);
             return Answer {
                 tool_call_id: r.tool_call_id,
                 result: Err(r.error),
@@ -127,8 +172,8 @@ pub async fn handle(state: &State, incoming: Incoming) -> Answer {
 
 /// A reserved call: its PROJECTING record is in the store and its budget is spent.
 struct Reserved {
-    run_id: String,
-    tool_call_id: String,
+    run_id: RunId,
+    tool_call_id: ToolCallId,
     tool: Arc<Tool>,
     /// Holds the input exactly as it is forwarded.
     record: Record,
@@ -147,7 +192,7 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {
         error,
         tool_call_id: Some(id.tool_call_id.clone()),
-        tool_label: id.tool.name.clone(),
+        tool: Some(id.tool.name.clone()),
     };
     let run = match state.run_spec(&identified.run_id).await {
         Ok(run) => run,
@@ -168,16 +213,18 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
         return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let now = clock::now_ms();
-    let record = Record::projecting(&run_id, &tool_call_id, &tool.name, input, now);
-    let reserved = state
-        .metrics
-        .store_op("reserve", state.store.reserve(&record, now))
-        .await;
-    if let Err(error) = reserved {
+    let record = Record::projecting(
+        run_id.clone(),
+        tool_call_id.clone(),
+        tool.name.clone(),
+        input,
+        now,
+    );
+    if let Err(error) = state.store.reserve(&record, now).await {
         return Err(Rejection {
             error,
             tool_call_id: Some(tool_call_id),
-            tool_label: tool.name.clone(),
+            tool: Some(tool.name.clone()),
         });
     }
     Ok(Reserved {
@@ -356,150 +403,18 @@ async fn finalize(
             record.status = Status::Error;
             record.evidence_status = Some(Evidence::Error);
             record.raw_response = raw;
-            record.error_code = Some(error.code.as_str().to_string());
+            record.error_code = Some(error.code.into());
             record.upstream_status = upstream_status;
             Err(error)
         }
     };
-    let written = state
-        .metrics
-        .store_op(
-            "finalize",
-            state.store.finalize(&record, tool.limits.record_bytes),
-        )
-        .await;
-    match written {
+    match state
+        .store
+        .finalize(&record, tool.limits.record_bytes)
+        .await
+    {
         Ok(Finalized::Written) => answer,
         Ok(Finalized::TooLarge(stage)) => Err(Error::too_large(stage)),
         Err(e) => Err(e),
-    }
-}
-
-/// The immutable part of a run that preflight needs, cached per sidecar.
-pub struct RunSpec {
-    pub tools: Option<Vec<String>>,
-    pub deadline_ms: u64,
-}
-
-/// Caches run specs: tools and deadline never change after creation, so a cached copy is
-/// right while the run can still take calls, and saves a store read per call.
-#[derive(Default)]
-pub struct RunCache {
-    runs: Mutex<HashMap<String, Arc<RunSpec>>>,
-}
-
-impl RunCache {
-    const MAX: usize = 10_000;
-
-    /// A cached spec is trusted only until its deadline: until then the run key cannot expire
-    /// (its TTL is the run's timeout plus the record TTL), so no other run can have taken the
-    /// id. After it, the store is asked again.
-    pub fn get(&self, run_id: &str) -> Option<Arc<RunSpec>> {
-        let mut runs = self.lock();
-        match runs.get(run_id) {
-            Some(spec) if spec.deadline_ms > clock::now_ms() => Some(spec.clone()),
-            Some(_) => {
-                runs.remove(run_id);
-                None
-            }
-            None => None,
-        }
-    }
-
-    pub fn put(&self, run: &RunView) -> Arc<RunSpec> {
-        let spec = Arc::new(RunSpec {
-            tools: run.tools.clone(),
-            deadline_ms: run.deadline_ms,
-        });
-        let mut runs = self.lock();
-        if runs.len() >= Self::MAX {
-            let now = clock::now_ms();
-            runs.retain(|_, r| r.deadline_ms > now);
-            if runs.len() >= Self::MAX {
-                runs.clear();
-            }
-        }
-        runs.insert(run.run_id.clone(), spec.clone());
-        spec
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RunSpec>>> {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Calls in flight on this sidecar: per-run cancellation and the drain count.
-#[derive(Default)]
-pub struct Calls {
-    runs: Mutex<HashMap<String, (watch::Sender<bool>, usize)>>,
-    total: AtomicUsize,
-    idle: Notify,
-}
-
-impl Calls {
-    /// Registers a call of `run_id`; the guard unregisters it when dropped.
-    pub fn enter(self: &Arc<Self>, run_id: &str) -> CallGuard {
-        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = runs
-            .entry(run_id.to_string())
-            .or_insert_with(|| (watch::channel(false).0, 0));
-        entry.1 += 1;
-        let cancel = entry.0.subscribe();
-        self.total.fetch_add(1, Ordering::SeqCst);
-        CallGuard {
-            calls: self.clone(),
-            run_id: run_id.to_string(),
-            cancel,
-        }
-    }
-
-    /// Aborts every call of `run_id` in flight here.
-    pub fn cancel(&self, run_id: &str) {
-        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((tx, _)) = runs.get(run_id) {
-            tx.send_replace(true);
-        }
-    }
-
-    /// Waits until no call is in flight.
-    pub async fn drained(&self) {
-        loop {
-            let idle = self.idle.notified();
-            if self.total.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            idle.await;
-        }
-    }
-}
-
-/// One registered call.
-pub struct CallGuard {
-    calls: Arc<Calls>,
-    run_id: String,
-    cancel: watch::Receiver<bool>,
-}
-
-impl CallGuard {
-    async fn cancelled(&mut self) {
-        if self.cancel.wait_for(|c| *c).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-impl Drop for CallGuard {
-    fn drop(&mut self) {
-        let mut runs = self.calls.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = runs.get_mut(&self.run_id) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                runs.remove(&self.run_id);
-            }
-        }
-        drop(runs);
-        if self.calls.total.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.calls.idle.notify_waiters();
-        }
     }
 }

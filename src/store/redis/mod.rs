@@ -1,5 +1,5 @@
-//! The Redis Cluster store: every rule of SPEC §5 runs inside one Lua script per write, so each
-//! write is one atomic step on the primary that owns the run's hash slot.
+//! The Redis Cluster store: every store rule runs inside one Lua script per write (`lua/`), so
+//! each write is one atomic step on the primary that owns the run's hash slot.
 //!
 //! Round trips per successful call, on a warm connection (scripts already cached):
 //!
@@ -43,11 +43,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::{
-    Budget, Finalized, Keys, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView,
-    Store, StoreFuture, check_projecting,
+    Budget, Close, Finalized, Keys, NewRun, PreparedFinal, ProgressEntry, Record, RunState,
+    RunView, Store, StoreFuture, check_projecting,
 };
 use crate::config::{Durability, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
+use crate::ids::{RunId, ToolCallId};
 
 /// Redis Cluster store.
 pub struct RedisStore {
@@ -71,11 +72,11 @@ struct Scripts {
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
-            reserve: Script::new(include_str!("reserve.lua")),
-            finalize: Script::new(include_str!("finalize.lua")),
-            run_create: Script::new(include_str!("run_create.lua")),
-            run_close: Script::new(include_str!("run_close.lua")),
-            progress: Script::new(include_str!("progress.lua")),
+            reserve: Script::new(include_str!("lua/reserve.lua")),
+            finalize: Script::new(include_str!("lua/finalize.lua")),
+            run_create: Script::new(include_str!("lua/run_create.lua")),
+            run_close: Script::new(include_str!("lua/run_close.lua")),
+            progress: Script::new(include_str!("lua/progress.lua")),
         }
     }
 
@@ -94,7 +95,7 @@ impl Scripts {
 /// compare (state, deadline, budgets, counters) are hash fields of their own.
 #[derive(Serialize, Deserialize)]
 struct RunSpec {
-    run_id: String,
+    run_id: RunId,
     created_ms: u64,
     deadline_ms: u64,
     budget: Budget,
@@ -299,7 +300,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn get_run<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<RunView>> {
+    fn get_run<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<RunView>> {
         Box::pin(async move {
             let fields: HashMap<String, String> = self
                 .op("get_run", async {
@@ -317,14 +318,14 @@ impl Store for RedisStore {
         })
     }
 
-    fn close_run<'a>(&'a self, run_id: &'a str, to: RunState) -> StoreFuture<'a, Option<RunView>> {
+    fn close_run<'a>(&'a self, run_id: &'a RunId, how: Close) -> StoreFuture<'a, Option<RunView>> {
         Box::pin(async move {
             let fields: Option<HashMap<String, String>> = self
                 .op("close_run", async {
                     self.scripts
                         .run_close
                         .key(self.keys.run(run_id))
-                        .arg(to.as_str())
+                        .arg(how.state().as_str())
                         .invoke_async(&mut self.conn.clone())
                         .await
                         .map_err(redis_err)
@@ -345,7 +346,7 @@ impl Store for RedisStore {
                         .key(self.keys.run(&record.run_id))
                         .key(self.keys.record(&record.run_id, &record.tool_call_id))
                         .arg(now_ms)
-                        .arg(&record.tool)
+                        .arg(record.tool.as_str())
                         .arg(body)
                         .arg(self.record_ttl_ms)
                         .invoke_async(&mut self.conn.clone())
@@ -374,8 +375,8 @@ impl Store for RedisStore {
 
     fn get_record<'a>(
         &'a self,
-        run_id: &'a str,
-        tool_call_id: &'a str,
+        run_id: &'a RunId,
+        tool_call_id: &'a ToolCallId,
     ) -> StoreFuture<'a, Option<(Record, u64)>> {
         Box::pin(async move {
             let key = self.keys.record(run_id, tool_call_id);
@@ -399,7 +400,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn progress<'a>(&'a self, run_id: &'a str) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
+    fn progress<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
         Box::pin(async move {
             let flat: Option<Vec<Option<String>>> = self
                 .op("progress", async {
@@ -407,7 +408,7 @@ impl Store for RedisStore {
                         .progress
                         .key(self.keys.run(run_id))
                         .key(self.keys.progress(run_id))
-                        .arg(self.keys.record(run_id, ""))
+                        .arg(self.keys.record_prefix(run_id))
                         .invoke_async(&mut self.conn.clone())
                         .await
                         .map_err(redis_err)
@@ -419,7 +420,9 @@ impl Store for RedisStore {
             let mut out = Vec::with_capacity(flat.len() / 2);
             let mut it = flat.into_iter();
             while let Some(id) = it.next() {
-                let id = id.ok_or_else(|| Error::internal("progress list holds a nil id"))?;
+                let id = id
+                    .and_then(ToolCallId::from_string)
+                    .ok_or_else(|| Error::internal("progress list holds an invalid id"))?;
                 let record = match it.next().flatten() {
                     Some(body) => Some(Record::from_json(&body)?),
                     None => None,
@@ -611,7 +614,7 @@ mod tests {
     #[test]
     fn run_hash_round_trips() {
         let spec = RunSpec {
-            run_id: "r".into(),
+            run_id: RunId::parse("r").unwrap(),
             created_ms: 5,
             deadline_ms: 10,
             budget: Budget {

@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
+use bytes::Bytes;
+use http_body_util::Full;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+
+use crate::body::{ReadError, read_capped};
 
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
@@ -115,31 +117,4 @@ impl Upstream {
             })?;
         Ok(ToolResponse { status, body })
     }
-}
-
-/// Why a capped body read stopped.
-#[derive(Debug)]
-pub enum ReadError {
-    TooLarge,
-    Body(String),
-}
-
-/// Reads a body into memory, failing as soon as it exceeds `limit` bytes; memory stays bounded
-/// by `limit` plus one frame.
-pub async fn read_capped<B>(mut body: B, limit: u64) -> Result<Bytes, ReadError>
-where
-    B: hyper::body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ReadError::Body(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            if (buf.len() + data.len()) as u64 > limit {
-                return Err(ReadError::TooLarge);
-            }
-            buf.extend_from_slice(&data);
-        }
-    }
-    Ok(buf.freeze())
 }

@@ -1,16 +1,21 @@
-//! The config file: raw serde structs → `validate()` → [`Config`]; the file watch that swaps the
-//! hot-reloadable [`Policy`] (tools, limits, runs) atomically.
+//! The config file: raw serde structs (unknown keys refused) → `validate()` → [`Config`], every
+//! error naming its key. [`watch`] swaps the hot-reloadable [`Policy`] (tools, limits, runs).
+//! Every key, default and reload rule is listed in `docs/configuration.md`.
+
+pub mod watch;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::projection::Projection;
+use crate::ids::ToolName;
+
+pub use watch::{LivePolicy, Reload};
 
 /// A config that failed to load or validate. The message names the offending key.
 #[derive(Debug, thiserror::Error)]
@@ -133,16 +138,61 @@ pub struct AdminConfig {
     pub token_key_file: Option<PathBuf>,
 }
 
+/// `store.kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     Memory,
     RedisCluster,
 }
 
+/// `store.durability`: what a READY answer waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
+    /// The primary wrote the record.
     Primary,
+    /// A replica also acknowledged it (`WAIT 1`).
     Replica,
+}
+
+/// A closed set of config words: the one table of each variant's spelling, and the key named
+/// when a value is not one of them.
+trait Words: Sized + Copy + 'static {
+    const KEY: &'static str;
+    const WORDS: &'static [(&'static str, Self)];
+
+    /// The variant spelled `word`; `None` (the key absent) gives `default`.
+    fn from_word(word: Option<&str>, default: Self) -> Result<Self, ConfigError> {
+        let Some(word) = word else {
+            return Ok(default);
+        };
+        Self::WORDS
+            .iter()
+            .find(|(w, _)| *w == word)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::WORDS.iter().map(|(w, _)| *w).collect();
+                bad(
+                    Self::KEY,
+                    format!("{word:?} is not one of {}", names.join(", ")),
+                )
+            })
+    }
+}
+
+impl Words for StoreKind {
+    const KEY: &'static str = "store.kind";
+    const WORDS: &'static [(&'static str, StoreKind)] = &[
+        ("memory", StoreKind::Memory),
+        ("redis-cluster", StoreKind::RedisCluster),
+    ];
+}
+
+impl Words for Durability {
+    const KEY: &'static str = "store.durability";
+    const WORDS: &'static [(&'static str, Durability)] = &[
+        ("primary", Durability::Primary),
+        ("replica", Durability::Replica),
+    ];
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,9 +223,20 @@ pub struct RunDefaults {
     pub default_max_record_bytes: u64,
 }
 
+/// The declarative projection of a tool: `select`, `max_items`, `fields`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Projection {
+    /// JSON Pointer into the raw document; empty selects the whole document.
+    pub select: String,
+    /// Arrays keep their first N items.
+    pub max_items: Option<usize>,
+    /// Objects keep only these keys.
+    pub fields: Option<Vec<String>>,
+}
+
 /// One configured tool, with its schema compiled and its limits resolved.
 pub struct Tool {
-    pub name: String,
+    pub name: ToolName,
     pub upstream: hyper::Uri,
     pub read_only: bool,
     pub timeout: Duration,
@@ -198,7 +259,7 @@ impl std::fmt::Debug for Tool {
 pub struct Policy {
     pub limits: Limits,
     pub runs: RunDefaults,
-    pub tools: HashMap<String, Arc<Tool>>,
+    pub tools: HashMap<ToolName, Arc<Tool>>,
     /// The read cap for a request body whose tool is not known yet: the largest limit + 1.
     pub max_request_bytes: u64,
 }
@@ -215,25 +276,6 @@ const DEFAULT_LIMITS: Limits = Limits {
     agent_bytes: 16_384,
     record_bytes: 1_179_648,
 };
-
-/// `run_id` and tool names share this shape: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
-pub fn is_safe_run_id(s: &str) -> bool {
-    is_safe_id(s, 64, b"._-")
-}
-
-/// `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`.
-pub fn is_safe_tool_call_id(s: &str) -> bool {
-    is_safe_id(s, 128, b"._:-")
-}
-
-fn is_safe_id(s: &str, max: usize, extra: &[u8]) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= max
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || extra.contains(c))
-}
 
 impl Config {
     /// Reads and validates a config file.
@@ -267,10 +309,21 @@ impl Config {
     }
 }
 
-fn addr(key: &str, v: Option<String>, default: &str) -> Result<SocketAddr, ConfigError> {
-    let s = v.unwrap_or_else(|| default.to_string());
+/// The listeners' default ports (the injector puts the same ones on the sidecar container).
+pub const AGENT_PORT: u16 = 15001;
+pub const ADMIN_PORT: u16 = 15002;
+pub const TELEMETRY_PORT: u16 = 15090;
+
+fn addr(key: &str, v: Option<String>, default: SocketAddr) -> Result<SocketAddr, ConfigError> {
+    let Some(s) = v else {
+        return Ok(default);
+    };
     s.parse()
         .map_err(|_| bad(key, format!("{s:?} is not an IP:port address")))
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 fn positive(key: &str, v: Option<u64>, default: u64) -> Result<u64, ConfigError> {
@@ -310,9 +363,13 @@ impl RawLimits {
 impl RawConfig {
     fn validate(self) -> Result<Config, ConfigError> {
         let listen = ListenConfig {
-            agent: addr("listen.agent", self.listen.agent, "127.0.0.1:15001")?,
-            admin: addr("listen.admin", self.listen.admin, "127.0.0.1:15002")?,
-            telemetry: addr("listen.telemetry", self.listen.telemetry, "0.0.0.0:15090")?,
+            agent: addr("listen.agent", self.listen.agent, loopback(AGENT_PORT))?,
+            admin: addr("listen.admin", self.listen.admin, loopback(ADMIN_PORT))?,
+            telemetry: addr(
+                "listen.telemetry",
+                self.listen.telemetry,
+                SocketAddr::from(([0, 0, 0, 0], TELEMETRY_PORT)),
+            )?,
         };
         let admin = AdminConfig {
             token_file: self.admin.token_file,
@@ -366,16 +423,7 @@ impl RawConfig {
 
 impl RawStore {
     fn validate(self) -> Result<StoreConfig, ConfigError> {
-        let kind = match self.kind.as_deref().unwrap_or("memory") {
-            "memory" => StoreKind::Memory,
-            "redis-cluster" => StoreKind::RedisCluster,
-            other => {
-                return Err(bad(
-                    "store.kind",
-                    format!("{other:?} is not one of memory, redis-cluster"),
-                ));
-            }
-        };
+        let kind = StoreKind::from_word(self.kind.as_deref(), StoreKind::Memory)?;
         let nodes = self.nodes.unwrap_or_default();
         if kind == StoreKind::RedisCluster && nodes.is_empty() {
             return Err(bad("store.nodes", "redis-cluster needs at least one node"));
@@ -396,16 +444,7 @@ impl RawStore {
         {
             return Err(bad("store.key_prefix", "must be non-empty [A-Za-z0-9._-]"));
         }
-        let durability = match self.durability.as_deref().unwrap_or("primary") {
-            "primary" => Durability::Primary,
-            "replica" => Durability::Replica,
-            other => {
-                return Err(bad(
-                    "store.durability",
-                    format!("{other:?} is not one of primary, replica"),
-                ));
-            }
-        };
+        let durability = Durability::from_word(self.durability.as_deref(), Durability::Primary)?;
         Ok(StoreConfig {
             kind,
             nodes,
@@ -420,12 +459,12 @@ impl RawStore {
 impl RawTool {
     fn validate(self, i: usize, base: &Limits) -> Result<Tool, ConfigError> {
         let key = |k: &str| format!("tools[{i}].{k}");
-        if !is_safe_run_id(&self.name) {
+        let Some(name) = ToolName::from_string(self.name) else {
             return Err(bad(
                 &key("name"),
                 "must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
             ));
-        }
+        };
         let upstream: hyper::Uri = self
             .upstream
             .parse()
@@ -451,7 +490,7 @@ impl RawTool {
         Ok(Tool {
             limits: self.limits.resolve(&key("limits"), base)?,
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
-            name: self.name,
+            name,
             upstream,
             read_only: self.read_only,
             schema,
@@ -462,80 +501,6 @@ impl RawTool {
             },
         })
     }
-}
-
-/// The live policy: readers take a cheap `Arc` snapshot; a reload swaps it whole.
-#[derive(Debug)]
-pub struct LivePolicy(RwLock<Arc<Policy>>);
-
-impl LivePolicy {
-    pub fn new(policy: Arc<Policy>) -> LivePolicy {
-        LivePolicy(RwLock::new(policy))
-    }
-
-    pub fn get(&self) -> Arc<Policy> {
-        match self.0.read() {
-            Ok(p) => p.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    pub fn set(&self, policy: Arc<Policy>) {
-        match self.0.write() {
-            Ok(mut p) => *p = policy,
-            Err(poisoned) => *poisoned.into_inner() = policy,
-        }
-    }
-}
-
-/// Outcome of one reload attempt, for the reload counter.
-pub enum Reload {
-    Unchanged,
-    Applied,
-    Refused(String),
-}
-
-/// Watches a config file by content hash (survives Kubernetes' symlink swap of a mounted
-/// ConfigMap) and calls `on_reload` with each attempt's outcome.
-pub async fn watch(
-    path: PathBuf,
-    current: Config,
-    live: Arc<LivePolicy>,
-    interval: Duration,
-    on_reload: impl Fn(Reload) + Send + 'static,
-) {
-    let mut last = digest(&path);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let now = digest(&path);
-        if now == last {
-            on_reload(Reload::Unchanged);
-            continue;
-        }
-        last = now;
-        let outcome = match Config::load(&path) {
-            Err(e) => Reload::Refused(e.0),
-            Ok(next) => match current.restart_needed(&next) {
-                Some(section) => Reload::Refused(format!("{section}: changes need a restart")),
-                None => {
-                    live.set(next.policy);
-                    Reload::Applied
-                }
-            },
-        };
-        on_reload(outcome);
-    }
-}
-
-fn digest(path: &Path) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(path).ok()?;
-    Some(
-        ring::digest::digest(&ring::digest::SHA256, &bytes)
-            .as_ref()
-            .to_vec(),
-    )
 }
 
 #[cfg(test)]
@@ -607,13 +572,14 @@ mod tests {
     }
 
     #[test]
-    fn safe_ids() {
-        assert!(is_safe_run_id("run-42"));
-        assert!(!is_safe_run_id("-run"));
-        assert!(!is_safe_run_id(&"a".repeat(65)));
-        assert!(is_safe_tool_call_id("toolu_01:abc"));
-        assert!(!is_safe_tool_call_id("call abc"));
-        assert!(!is_safe_tool_call_id(""));
-        assert!(!is_safe_run_id("run:1"));
+    fn store_words_are_enums() {
+        let c = Config::parse(
+            "store: {kind: redis-cluster, nodes: ['redis://a:1'], durability: replica}",
+        )
+        .expect("valid");
+        assert_eq!(c.store.kind, StoreKind::RedisCluster);
+        assert_eq!(c.store.durability, Durability::Replica);
+        let e = Config::parse("store: {kind: etcd}").unwrap_err();
+        assert!(e.0.starts_with("store.kind"), "{e}");
     }
 }

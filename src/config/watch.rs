@@ -1,0 +1,85 @@
+//! Hot reload: the live policy that every call reads, and the file watch that replaces it
+//! atomically when a valid new version of the config file appears.
+//!
+//! Only `tools`, `limits` and `runs` reload; a change to `listen`, `admin` or `store` needs a
+//! restart and is refused (counted as `result="error"`), as is an invalid file.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::{Config, Policy};
+
+/// The live policy: readers take a cheap `Arc` snapshot; a reload swaps it whole.
+#[derive(Debug)]
+pub struct LivePolicy(RwLock<Arc<Policy>>);
+
+impl LivePolicy {
+    pub fn new(policy: Arc<Policy>) -> LivePolicy {
+        LivePolicy(RwLock::new(policy))
+    }
+
+    pub fn get(&self) -> Arc<Policy> {
+        match self.0.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, policy: Arc<Policy>) {
+        match self.0.write() {
+            Ok(mut p) => *p = policy,
+            Err(poisoned) => *poisoned.into_inner() = policy,
+        }
+    }
+}
+
+/// Outcome of one reload attempt, for the reload counter.
+pub enum Reload {
+    Unchanged,
+    Applied,
+    Refused(String),
+}
+
+/// Watches a config file by content hash (survives Kubernetes' symlink swap of a mounted
+/// ConfigMap) and calls `on_reload` with each attempt's outcome.
+pub async fn watch(
+    path: PathBuf,
+    current: Config,
+    live: Arc<LivePolicy>,
+    interval: Duration,
+    on_reload: impl Fn(Reload) + Send + 'static,
+) {
+    let mut last = digest(&path);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = digest(&path);
+        if now == last {
+            on_reload(Reload::Unchanged);
+            continue;
+        }
+        last = now;
+        let outcome = match Config::load(&path) {
+            Err(e) => Reload::Refused(e.0),
+            Ok(next) => match current.restart_needed(&next) {
+                Some(section) => Reload::Refused(format!("{section}: changes need a restart")),
+                None => {
+                    live.set(next.policy);
+                    Reload::Applied
+                }
+            },
+        };
+        on_reload(outcome);
+    }
+}
+
+fn digest(path: &Path) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(
+        ring::digest::digest(&ring::digest::SHA256, &bytes)
+            .as_ref()
+            .to_vec(),
+    )
+}

@@ -1,0 +1,62 @@
+//! The agent listener: both call forms (envelope `POST /v1/invoke` and intercept
+//! `POST /tools/{tool}`) become one [`Incoming`] call, and its [`Answer`] becomes the envelope
+//! response. Nothing is checked, stored or metered here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming as Body;
+use hyper::{Method, Request, Response, StatusCode};
+
+use super::http;
+use crate::body::{ReadError, read_capped};
+use crate::call::{self, Answer, Form, Incoming, Received, State};
+use crate::error::Code;
+
+/// How long a client may take to send its body.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves one agent request. Never fails.
+pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Body> {
+    let form = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/invoke") => Form::Envelope,
+        (&Method::POST, path) if path.starts_with("/tools/") => Form::Intercept {
+            tool: path["/tools/".len()..].to_string(),
+        },
+        _ => return http::error(Code::NotFound, None),
+    };
+    let (parts, body) = req.into_parts();
+    // Read with the largest configured limit + 1; preflight step 1 applies the tool's own.
+    let cap = state.policy.get().max_request_bytes;
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, read_capped(body, cap)).await {
+        Ok(Ok(bytes)) => Received::Complete(bytes),
+        Ok(Err(ReadError::TooLarge)) => Received::TooLarge,
+        Ok(Err(ReadError::Body(_))) | Err(_) => Received::Broken,
+    };
+    let incoming = Incoming {
+        form,
+        headers: parts.headers,
+        body,
+    };
+    respond(call::handle(&state, incoming).await)
+}
+
+/// The envelope response: `{"status":"READY","tool_call_id","evidence_status","result"}`, or
+/// the error body.
+fn respond(answer: Answer) -> Response<http::Body> {
+    match answer.result {
+        Ok(shown) => {
+            let id = serde_json::to_string(&answer.tool_call_id).unwrap_or_default();
+            let mut out = Vec::with_capacity(shown.result_json.len() + id.len() + 96);
+            out.extend_from_slice(br#"{"status":"READY","tool_call_id":"#);
+            out.extend_from_slice(id.as_bytes());
+            out.extend_from_slice(br#","evidence_status":""#);
+            out.extend_from_slice(shown.evidence.as_str().as_bytes());
+            out.extend_from_slice(br#"","result":"#);
+            out.extend_from_slice(&shown.result_json);
+            out.push(b'}');
+            http::bytes(StatusCode::OK, out)
+        }
+        Err(e) => http::error(e.code, answer.tool_call_id.as_ref()),
+    }
+}

@@ -1,0 +1,179 @@
+//! HTTP plumbing shared by every listener (the agent, admin and telemetry listeners and the
+//! injector): the accept loop, plain or TLS, and response building, including the ONE place a
+//! toolgate [`Error`] becomes an HTTP response.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use crate::error::{self, Code};
+use crate::ids::ToolCallId;
+
+pub type Body = Full<Bytes>;
+
+/// The error body for `code`, with its HTTP status: the one way an error is answered.
+pub fn error(code: Code, tool_call_id: Option<&ToolCallId>) -> Response<Body> {
+    bytes(code.status(), error::body(tool_call_id, code))
+}
+
+/// A JSON response.
+pub fn json(status: StatusCode, body: &Value) -> Response<Body> {
+    bytes(status, serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// A response whose body is already-serialized JSON.
+pub fn bytes(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    text(status, body, "application/json")
+}
+
+/// A response with any content type.
+pub fn text(
+    status: StatusCode,
+    body: impl Into<Bytes>,
+    content_type: &'static str,
+) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// How a listener treats its connections.
+#[derive(Clone)]
+pub struct Serving {
+    /// TLS in front of HTTP, for the injector.
+    pub tls: Option<TlsAcceptor>,
+    /// A client must send its request head within this time.
+    pub header_read_timeout: Duration,
+    /// How long open connections get to finish their last response once the listener stops.
+    pub close_grace: Duration,
+}
+
+impl Serving {
+    /// Plain HTTP/1.1, as the sidecar's three listeners serve.
+    pub fn plain() -> Serving {
+        Serving {
+            tls: None,
+            header_read_timeout: Duration::from_secs(30),
+            close_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A TLS handshake must finish within this time.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections and serves each with HTTP/1.1 and `handler` until `stop` turns true;
+/// then stops accepting, lets responses in progress finish, closes idle keep-alive
+/// connections (bounded by `close_grace`) and returns.
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    serving: Serving,
+    handler: F,
+    mut stop: watch::Receiver<bool>,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let task = connection(stream, serving.clone(), handler.clone(), stop.clone());
+                    connections.spawn(task);
+                }
+                Err(e) => {
+                    // Out of file descriptors and similar: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stopped(&mut stop) => break,
+        }
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(serving.close_grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::debug!(
+            open = connections.len(),
+            "closing connections after the grace period"
+        );
+    }
+}
+
+/// One connection: the TLS handshake if any, then HTTP/1.1 until the peer closes or the
+/// listener stops (then the response in progress finishes and the connection closes).
+async fn connection<F, Fut>(
+    tcp: TcpStream,
+    serving: Serving,
+    handler: F,
+    stop: watch::Receiver<bool>,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    match &serving.tls {
+        None => http(tcp, &serving, handler, stop).await,
+        Some(acceptor) => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => http(tls, &serving, handler, stop).await,
+                Ok(Err(e)) => tracing::warn!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::warn!("TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+async fn http<S, F, Fut>(stream: S, serving: &Serving, handler: F, mut stop: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(handler(req).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(serving.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// Resolves once `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}

@@ -1,0 +1,375 @@
+//! The canonical record of one call, its lifecycle rules, and the facts filter.
+//!
+//! A record is one compact JSON string. Its lifecycle is PROJECTING → READY | ERROR and nothing
+//! else; the shapes each state allows are checked here, by the store, whoever the caller is.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clock;
+use crate::error::{Code, CodeName, Error, Result, SizeStage};
+use crate::ids::{RunId, ToolCallId, ToolName};
+
+/// Whether a result holds evidence. `Error` only appears on ERROR records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Evidence {
+    #[serde(rename = "EVIDENCE_FOUND")]
+    Found,
+    #[serde(rename = "NO_EVIDENCE")]
+    None,
+    #[serde(rename = "ERROR")]
+    Error,
+}
+
+impl Evidence {
+    pub const ALL: [Evidence; 3] = [Evidence::Found, Evidence::None, Evidence::Error];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Found => "EVIDENCE_FOUND",
+            Evidence::None => "NO_EVIDENCE",
+            Evidence::Error => "ERROR",
+        }
+    }
+}
+
+/// Lifecycle state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    Projecting,
+    Ready,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Projecting => "PROJECTING",
+            Status::Ready => "READY",
+            Status::Error => "ERROR",
+        }
+    }
+}
+
+/// The canonical record of one call, serialized compactly as one JSON string, fields in the
+/// contract's order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub schema: u32,
+    pub run_id: RunId,
+    pub tool_call_id: ToolCallId,
+    pub tool: ToolName,
+    pub status: Status,
+    pub evidence_status: Option<Evidence>,
+    pub request: Value,
+    pub raw_response: Value,
+    pub agent_result: Value,
+    pub error_code: Option<CodeName>,
+    pub upstream_status: Option<u16>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub duration_ms: Option<u64>,
+}
+
+impl Record {
+    /// A fresh PROJECTING record.
+    pub fn projecting(
+        run_id: RunId,
+        tool_call_id: ToolCallId,
+        tool: ToolName,
+        request: Value,
+        now: u64,
+    ) -> Record {
+        let at = clock::rfc3339(now);
+        Record {
+            schema: 1,
+            run_id,
+            tool_call_id,
+            tool,
+            status: Status::Projecting,
+            evidence_status: None,
+            request,
+            raw_response: Value::Null,
+            agent_result: Value::Null,
+            error_code: None,
+            upstream_status: None,
+            created_at: at.clone(),
+            updated_at: at,
+            duration_ms: None,
+        }
+    }
+
+    /// The compact JSON form whose byte length every size limit counts.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string(self).map_err(Error::internal)
+    }
+
+    pub fn from_json(s: &str) -> Result<Record> {
+        serde_json::from_str(s).map_err(|e| Error::internal(format!("corrupt record: {e}")))
+    }
+
+    /// This record turned into a stripped `ERROR/RESULT_TOO_LARGE`: no raw, no agent result.
+    /// Built field by field so the (possibly large) raw response and result are never copied.
+    fn too_large(&self) -> Record {
+        Record {
+            schema: self.schema,
+            run_id: self.run_id.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            tool: self.tool.clone(),
+            status: Status::Error,
+            evidence_status: Some(Evidence::Error),
+            request: self.request.clone(),
+            raw_response: Value::Null,
+            agent_result: Value::Null,
+            error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
+            upstream_status: self.upstream_status,
+            created_at: self.created_at.clone(),
+            updated_at: self.updated_at.clone(),
+            duration_ms: self.duration_ms,
+        }
+    }
+}
+
+/// Checks that a record is a valid new PROJECTING record.
+pub fn check_projecting(r: &Record) -> Result<()> {
+    let ok = r.status == Status::Projecting
+        && r.evidence_status.is_none()
+        && r.agent_result.is_null()
+        && r.error_code.is_none();
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::internal(
+            "reserve needs a well-formed PROJECTING record",
+        ))
+    }
+}
+
+/// Checks the shape of a final record: READY has evidence and a result; ERROR has a code,
+/// `evidence_status: ERROR` and no agent result.
+pub fn check_final(r: &Record) -> Result<()> {
+    let ok = match r.status {
+        Status::Ready => {
+            matches!(r.evidence_status, Some(Evidence::Found | Evidence::None))
+                && r.error_code.is_none()
+                && !r.agent_result.is_null()
+        }
+        Status::Error => {
+            r.evidence_status == Some(Evidence::Error)
+                && r.agent_result.is_null()
+                && r.error_code.is_some()
+        }
+        Status::Projecting => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::internal(format!(
+            "invalid transition PROJECTING -> {:?}",
+            r.status
+        )))
+    }
+}
+
+/// What finalize wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finalized {
+    /// The record as given.
+    Written,
+    /// A stripped `ERROR/RESULT_TOO_LARGE` record, because the record or the run was too large.
+    TooLarge(SizeStage),
+}
+
+/// A final record serialized and sized, with the fallback the backend writes if the run's byte
+/// budget cannot take it.
+pub struct PreparedFinal {
+    pub body: String,
+    /// Set when `body` is already the stripped fallback for the record limit.
+    pub replaced: Option<SizeStage>,
+    pub run_fallback: String,
+}
+
+impl PreparedFinal {
+    pub fn new(record: &Record, record_bytes: u64) -> Result<PreparedFinal> {
+        check_final(record)?;
+        let full = record.to_json()?;
+        let stripped = record.too_large().to_json()?;
+        let (body, replaced) = if full.len() as u64 > record_bytes {
+            (stripped.clone(), Some(SizeStage::Record))
+        } else {
+            (full, None)
+        };
+        Ok(PreparedFinal {
+            body,
+            replaced,
+            run_fallback: stripped,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.body.len() as u64
+    }
+
+    /// The outcome when `body` was written.
+    pub fn written(&self) -> Finalized {
+        match self.replaced {
+            Some(stage) => Finalized::TooLarge(stage),
+            None => Finalized::Written,
+        }
+    }
+}
+
+/// One entry of a run's progress list: the id, and its record if it still exists.
+pub type ProgressEntry = (ToolCallId, Option<Record>);
+
+/// One fact: a READY record of the run, as the harness sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fact {
+    pub tool_call_id: ToolCallId,
+    pub tool: ToolName,
+    pub evidence_status: Evidence,
+    pub result: Value,
+}
+
+/// The facts projection of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Facts {
+    pub run_id: RunId,
+    pub facts: Vec<Fact>,
+    pub excluded: u64,
+}
+
+/// Keeps only the progress entries that exist, are READY and belong to this run.
+pub fn facts(run_id: &RunId, entries: Vec<ProgressEntry>) -> Facts {
+    let mut out = Facts {
+        run_id: run_id.clone(),
+        facts: Vec::new(),
+        excluded: 0,
+    };
+    for (id, record) in entries {
+        match record {
+            Some(Record {
+                status: Status::Ready,
+                evidence_status: Some(evidence),
+                run_id: owner,
+                tool_call_id,
+                tool,
+                agent_result,
+                ..
+            }) if owner == *run_id && tool_call_id == id => {
+                out.facts.push(Fact {
+                    tool_call_id,
+                    tool,
+                    evidence_status: evidence,
+                    result: agent_result,
+                });
+            }
+            _ => out.excluded += 1,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ids(run: &str, id: &str) -> (RunId, ToolCallId, ToolName) {
+        (
+            RunId::parse(run).unwrap(),
+            ToolCallId::parse(id).unwrap(),
+            ToolName::parse("search").unwrap(),
+        )
+    }
+
+    fn ready(run: &str, id: &str) -> Record {
+        let (run, id, tool) = ids(run, id);
+        let mut r = Record::projecting(run, id, tool, json!({"q": "x"}), 0);
+        r.status = Status::Ready;
+        r.evidence_status = Some(Evidence::Found);
+        r.agent_result = json!({"item": 1});
+        r
+    }
+
+    #[test]
+    fn record_serializes_in_contract_order() {
+        let (run, id, _) = ids("r", "c");
+        let s = Record::projecting(
+            run,
+            id,
+            ToolName::parse("t").unwrap(),
+            json!({"b": 1, "a": "é"}),
+            0,
+        )
+        .to_json()
+        .unwrap();
+        assert!(s.starts_with(r#"{"schema":1,"run_id":"r","tool_call_id":"c","tool":"t","status":"PROJECTING","evidence_status":null,"request":{"b":1,"a":"é"}"#), "{s}");
+    }
+
+    #[test]
+    fn final_shapes_are_checked() {
+        assert!(check_final(&ready("r", "c")).is_ok());
+        let mut r = ready("r", "c");
+        r.evidence_status = Some(Evidence::Error);
+        assert!(check_final(&r).is_err());
+        let mut r = ready("r", "c");
+        r.status = Status::Projecting;
+        assert!(check_final(&r).is_err());
+        let mut e = ready("r", "c");
+        e.status = Status::Error;
+        e.evidence_status = Some(Evidence::Error);
+        e.error_code = Some(Code::ToolTimeout.into());
+        assert!(
+            check_final(&e).is_err(),
+            "ERROR must not carry an agent result"
+        );
+        e.agent_result = Value::Null;
+        assert!(check_final(&e).is_ok());
+    }
+
+    #[test]
+    fn an_unknown_stored_code_is_refused() {
+        let mut e = ready("r", "c");
+        e.status = Status::Error;
+        e.evidence_status = Some(Evidence::Error);
+        e.agent_result = Value::Null;
+        e.error_code = Some(Code::ToolTimeout.into());
+        let text = e.to_json().unwrap().replace("TOOL_TIMEOUT", "NOPE");
+        assert!(Record::from_json(&text).is_err());
+    }
+
+    #[test]
+    fn oversized_record_is_replaced_by_a_stripped_error() {
+        let mut r = ready("r", "c");
+        r.raw_response = json!({"blob": "x".repeat(1000)});
+        let p = PreparedFinal::new(&r, 500).unwrap();
+        assert_eq!(p.written(), Finalized::TooLarge(SizeStage::Record));
+        let stored = Record::from_json(&p.body).unwrap();
+        assert_eq!(stored.status, Status::Error);
+        assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
+        assert_eq!(
+            stored.error_code.map(CodeName::as_str),
+            Some("RESULT_TOO_LARGE")
+        );
+    }
+
+    #[test]
+    fn facts_keep_only_ready_records_of_the_run() {
+        let mut err = ready("r", "e");
+        err.status = Status::Error;
+        let id = |s: &str| ToolCallId::parse(s).unwrap();
+        let entries = vec![
+            (id("a"), Some(ready("r", "a"))),
+            (id("gone"), None),
+            (id("e"), Some(err)),
+            (id("f"), Some(ready("other", "f"))),
+            (id("b"), Some(ready("r", "b"))),
+        ];
+        let f = facts(&RunId::parse("r").unwrap(), entries);
+        let ids: Vec<&str> = f.facts.iter().map(|f| f.tool_call_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(f.excluded, 3);
+    }
+}
