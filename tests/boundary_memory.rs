@@ -1,4 +1,4 @@
-//! The boundary integration cases (issue 2) against the embedded memory store.
+//! The boundary integration cases against the embedded memory store.
 
 mod support;
 

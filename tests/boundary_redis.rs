@@ -1,4 +1,4 @@
-//! The boundary integration cases (issue 2), unchanged, against a real 6-node Redis Cluster.
+//! The boundary integration cases, unchanged, against a real 6-node Redis Cluster.
 
 mod support;
 

@@ -1,5 +1,4 @@
-//! The admission webhook (SPEC §9) driven with real AdmissionReview documents, and served over
-//! real TLS.
+//! The admission webhook driven with real AdmissionReview documents, and served over real TLS.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -413,7 +412,8 @@ fn odd_but_valid_annotations() {
     assert_eq!(body["response"]["allowed"], false);
 }
 
-/// The envelope checks of SPEC §9, computed independently of the injector.
+/// The envelope checks (apiVersion `admission.k8s.io/v1`, kind `AdmissionReview`, a request with
+/// a string uid), computed independently of the injector.
 fn envelope_ok(doc: &Value) -> bool {
     doc["apiVersion"] == "admission.k8s.io/v1"
         && doc["kind"] == "AdmissionReview"

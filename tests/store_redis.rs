@@ -141,7 +141,8 @@ async fn keys_follow_the_contract_layout() {
     let record_key = format!("tg-layout:{{{id}}}:call_abc");
     let run_key = format!("tg-layout:{{{id}}}:run");
     let progress_key = format!("tg-layout:{{{id}}}:progress");
-    // Every key of the run, on every primary: exactly the three of SPEC §5.
+    // Every key of the run, on every primary: exactly three, the record, the run hash and the
+    // progress list.
     let mut found = BTreeSet::new();
     for node in cluster.primaries() {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}", node.port)).expect("c");

@@ -1,4 +1,4 @@
-//! The boundary integration cases (issue 2), independent of the store: each case starts its own
+//! The boundary integration cases, independent of the store: each case starts its own
 //! sidecar, with the store section it is given, in front of its own fake tools.
 //! `boundary_cases!(store_expr)` expands into one test per case.
 
@@ -472,7 +472,7 @@ fn token_for(run_id: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Preflight (SPEC §3).
+// Preflight.
 
 /// Steps 1–9, one row per fault, in both forms where the form matters. No row reaches the tool,
 /// creates a record or spends budget.
@@ -1318,7 +1318,7 @@ pub async fn call_forms_answer_identically(store_yaml: String) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Execution and projection (SPEC §4).
+// Execution and projection.
 
 /// READY answers: arrays cut to max_items with total_items and fields, NO_EVIDENCE with its
 /// scope for empty and null, objects and scalars as an item; the record holds the same result.
@@ -1471,7 +1471,9 @@ pub async fn tool_timeout(store_yaml: String) {
     assert_error_record(&rec, "TOOL_TIMEOUT", None);
 }
 
-/// RESULT_TOO_LARGE at the raw, agent and record stages, each keeping what SPEC §5 says.
+/// RESULT_TOO_LARGE at the raw, agent and record stages. The record keeps what fits: nothing
+/// of a raw body over raw_bytes, the raw but no agent result when the projection is over
+/// agent_bytes, neither when the whole record is over record_bytes.
 pub async fn result_too_large_at_every_stage(store_yaml: String) {
     let env = Env::start(&store_yaml).await;
     let run = env.run(json!({})).await;
@@ -1912,7 +1914,7 @@ pub async fn concurrent_calls_never_overspend(store_yaml: String) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Admin API (SPEC §2).
+// Admin API.
 
 /// Runs: create, conflicts, validation, auth, get, end and cancel.
 pub async fn admin_runs_api(store_yaml: String) {
@@ -2410,7 +2412,7 @@ async fn attribution(sc: &Sidecar) -> Reply {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Metrics (SPEC §8).
+// Metrics.
 
 /// Every metric of the contract, with the labels a scenario provokes, and no id anywhere.
 pub async fn metrics_exposition(store_yaml: String) {
