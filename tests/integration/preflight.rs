@@ -73,476 +73,394 @@ fn token_for(run_id: &str) -> String {
         .issue(run_id)
 }
 
-/// Steps 1–9, one row per fault, in both forms where the form matters. No row reaches the tool,
-/// creates a record or spends budget.
-async fn preflight_checks_in_order(store_yaml: String) {
-    let env = Env::start(&store_yaml).await;
-    let r = env.run(json!({})).await;
-    let only_search = env.run(json!({"tools": ["search"]})).await;
-    let other = env.run(json!({})).await;
-    let t = Some(r.token.as_str());
-    let rid = r.id.as_str();
-    let good = |id: &str, tool: &str, input: Value| {
+// ---------------------------------------------------------------------------------------------
+// Checks 1–9, as a table.
+
+/// The runs the preflight table is written against: `r` may call every tool, `only_search` only
+/// `search`, and `other` is a second run whose id and token must not pass for `r`'s.
+struct Runs {
+    r: Run,
+    only_search: Run,
+    other: Run,
+}
+
+impl Runs {
+    async fn create(env: &Env) -> Runs {
+        Runs {
+            r: env.run(json!({})).await,
+            only_search: env.run(json!({"tools": ["search"]})).await,
+            other: env.run(json!({})).await,
+        }
+    }
+
+    fn all(&self) -> [&Run; 3] {
+        [&self.r, &self.only_search, &self.other]
+    }
+
+    fn token(&self) -> Option<&str> {
+        Some(self.r.token.as_str())
+    }
+
+    /// A well-formed envelope call on `r`.
+    fn good(&self, id: &str, tool: &str, input: Value) -> Req {
         envelope_json(
-            t,
-            json!({"run_id": rid, "tool_call_id": id, "tool": tool, "input": input}),
+            self.token(),
+            json!({"run_id": self.r.id, "tool_call_id": id, "tool": tool, "input": input}),
         )
-    };
+    }
+
+    /// An envelope call on `r`'s token with any JSON body.
+    fn envelope(&self, body: Value) -> Req {
+        envelope_json(self.token(), body)
+    }
+
+    /// An intercept call on `r`'s token and id.
+    fn intercept(&self, tool: &str, id: &str, body: impl Into<Vec<u8>>) -> Req {
+        intercept(self.token(), tool, Some(&self.r.id), Some(id), body)
+    }
+}
+
+/// One check of steps 1–9, the answer it gives, and requests that fail it and nothing before it:
+/// `(what, request, the tool_call_id the answer echoes)`.
+struct Check {
+    step: &'static str,
+    status: u16,
+    code: &'static str,
+    refused: Vec<(&'static str, Req, Option<&'static str>)>,
+}
+
+/// Steps 1–9, one request per fault, in both forms where the form matters.
+fn preflight_table(runs: &Runs) -> Vec<Check> {
+    let (t, rid) = (runs.token(), runs.r.id.as_str());
     let q = || json!({"q": "redis"});
     let foreign_key = Tokens::new("another-admin-token", None)
         .expect("tokens")
         .issue(rid);
     let other_mac = format!(
         "{rid}.{}",
-        other.token.split_once('.').expect("token shape").1
+        runs.other.token.split_once('.').expect("token shape").1
     );
-    let mut bad_mac = r.token.clone();
+    let mut bad_mac = runs.r.token.clone();
     bad_mac.push('A');
+    let (only_search, other) = (&runs.only_search, &runs.other);
 
-    struct Row {
-        what: &'static str,
-        req: Req,
-        status: u16,
-        code: &'static str,
-        echo: Option<&'static str>,
-    }
-    let row = |what, req, status, code, echo| Row {
-        what,
-        req,
-        status,
-        code,
-        echo,
-    };
-    let rows = vec![
-        // 1. Request size: the tool's own limit once known, the global one before.
-        row(
-            "envelope over every limit (body unread)",
-            envelope(t, padded(rid, "c-big", "search", 5000)),
-            413,
-            "REQUEST_TOO_LARGE",
-            None,
-        ),
-        row(
-            "envelope over the tool's smaller request_bytes",
-            envelope(t, padded(rid, "c-tiny", "tiny", 300)),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("c-tiny"),
-        ),
-        row(
-            "envelope over the global limit, tool unknown",
-            envelope(t, padded(rid, "c-unk", "nope", 2000)),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("c-unk"),
-        ),
-        row(
-            "envelope over the global limit, tool without override",
-            envelope(t, padded(rid, "c-w", "writer", 2000)),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("c-w"),
-        ),
-        row(
-            "intercept over the tool's request_bytes",
-            intercept(
-                t,
-                "search",
-                Some(rid),
-                Some("i-big"),
-                padded_input(5000).to_string(),
-            ),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("i-big"),
-        ),
-        row(
-            "intercept over the tool's smaller request_bytes",
-            intercept(
-                t,
-                "tiny",
-                Some(rid),
-                Some("i-tiny"),
-                padded_input(300).to_string(),
-            ),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("i-tiny"),
-        ),
-        row(
-            "intercept over the global limit, tool unknown",
-            intercept(
-                t,
-                "nope",
-                Some(rid),
-                Some("i-unk"),
-                padded_input(2000).to_string(),
-            ),
-            413,
-            "REQUEST_TOO_LARGE",
-            Some("i-unk"),
-        ),
-        // 2. The run token.
-        row(
-            "no token",
-            good("c2", "search", q()).with_token(None),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "garbage token",
-            good("c2", "search", q()).with_token(Some("garbage")),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "forged mac",
-            good("c2", "search", q()).with_token(Some(&bad_mac)),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "token signed with another key",
-            good("c2", "search", q()).with_token(Some(&foreign_key)),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "another run's mac on this run's id",
-            good("c2", "search", q()).with_token(Some(&other_mac)),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "admin token as run token",
-            good("c2", "search", q()).with_token(Some(ADMIN_TOKEN)),
-            401,
-            "UNAUTHENTICATED",
-            Some("c2"),
-        ),
-        row(
-            "intercept without token",
-            intercept(None, "search", Some(rid), Some("i2"), q().to_string()),
-            401,
-            "UNAUTHENTICATED",
-            Some("i2"),
-        ),
-        // 3. The envelope is JSON.
-        row(
-            "envelope not JSON",
-            envelope(t, "{not json"),
-            400,
-            "INVALID_INPUT",
-            None,
-        ),
-        row(
-            "envelope empty",
-            envelope(t, ""),
-            400,
-            "INVALID_INPUT",
-            None,
-        ),
-        row(
-            "envelope not an object",
-            envelope(t, "[1,2]"),
-            400,
-            "INVALID_INPUT",
-            None,
-        ),
-        // 4. tool_call_id.
-        row(
-            "tool_call_id missing",
-            envelope_json(t, json!({"run_id": rid, "tool": "search", "input": q()})),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id empty",
-            good("", "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id blank",
-            good("   ", "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id with a space",
-            good("call abc", "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id with a leading dash",
-            good("-call", "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id with a slash",
-            good("call/../x", "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id too long",
-            good(&"a".repeat(129), "search", q()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "tool_call_id not a string",
-            envelope_json(
-                t,
-                json!({"run_id": rid, "tool_call_id": 123, "tool": "search", "input": q()}),
-            ),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "intercept without X-Tool-Call-Id",
-            intercept(t, "search", Some(rid), None, q().to_string()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        row(
-            "intercept with an unsafe X-Tool-Call-Id",
-            intercept(t, "search", Some(rid), Some("bad id"), q().to_string()),
-            400,
-            "INVALID_TOOL_CALL_ID",
-            None,
-        ),
-        // 5. run_id.
-        row(
-            "run_id missing",
-            envelope_json(
-                t,
-                json!({"tool_call_id": "c5", "tool": "search", "input": q()}),
-            ),
-            403,
-            "RUN_MISMATCH",
-            Some("c5"),
-        ),
-        row(
-            "run_id of another run",
-            envelope_json(
-                t,
-                json!({"run_id": other.id, "tool_call_id": "c5", "tool": "search", "input": q()}),
-            ),
-            403,
-            "RUN_MISMATCH",
-            Some("c5"),
-        ),
-        row(
-            "run_id unsafe",
-            envelope_json(
-                t,
-                json!({"run_id": "run 1", "tool_call_id": "c5", "tool": "search", "input": q()}),
-            ),
-            403,
-            "RUN_MISMATCH",
-            Some("c5"),
-        ),
-        row(
-            "intercept with another run",
-            intercept(t, "search", Some(&other.id), Some("i5"), q().to_string()),
-            403,
-            "RUN_MISMATCH",
-            Some("i5"),
-        ),
-        row(
-            "intercept without X-Run-Id",
-            intercept(t, "search", None, Some("i5"), q().to_string()),
-            403,
-            "RUN_MISMATCH",
-            Some("i5"),
-        ),
-        // 6. Tool configured.
-        row(
-            "unknown tool",
-            good("c6", "nope", q()),
-            404,
-            "UNKNOWN_TOOL",
-            Some("c6"),
-        ),
-        row(
-            "tool missing",
-            envelope_json(
-                t,
-                json!({"run_id": rid, "tool_call_id": "c6", "input": q()}),
-            ),
-            404,
-            "UNKNOWN_TOOL",
-            Some("c6"),
-        ),
-        row(
-            "intercept unknown tool",
-            intercept(t, "nope", Some(rid), Some("i6"), q().to_string()),
-            404,
-            "UNKNOWN_TOOL",
-            Some("i6"),
-        ),
-        // 7. Tool allowed for the run.
-        row(
-            "tool outside the run's tools",
-            envelope_json(
-                Some(&only_search.token),
-                json!({"run_id": only_search.id, "tool_call_id": "c7", "tool": "object", "input": {}}),
-            ),
-            403,
-            "UNAUTHORIZED",
-            Some("c7"),
-        ),
-        row(
-            "intercept tool outside the run's tools",
-            intercept(
-                Some(&only_search.token),
-                "object",
-                Some(&only_search.id),
-                Some("i7"),
-                "{}",
-            ),
-            403,
-            "UNAUTHORIZED",
-            Some("i7"),
-        ),
-        // 8. Read-only.
-        row(
-            "tool not read-only",
-            good("c8", "writer", q()),
-            403,
-            "TOOL_NOT_READ_ONLY",
-            Some("c8"),
-        ),
-        row(
-            "intercept tool not read-only",
-            intercept(t, "writer", Some(rid), Some("i8"), q().to_string()),
-            403,
-            "TOOL_NOT_READ_ONLY",
-            Some("i8"),
-        ),
-        // 9. Input.
-        row(
-            "input missing",
-            envelope_json(
-                t,
-                json!({"run_id": rid, "tool_call_id": "c9", "tool": "object"}),
-            ),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "input an array",
-            good("c9", "object", json!([1])),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "input a string",
-            good("c9", "object", json!("q")),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "input null",
-            good("c9", "object", Value::Null),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "schema: q missing",
-            good("c9", "search", json!({})),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "schema: q not a string",
-            good("c9", "search", json!({"q": 5})),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "schema: q too long",
-            good("c9", "search", json!({"q": "x".repeat(513)})),
-            400,
-            "INVALID_INPUT",
-            Some("c9"),
-        ),
-        row(
-            "intercept body not JSON",
-            intercept(t, "object", Some(rid), Some("i9"), "{oops"),
-            400,
-            "INVALID_INPUT",
-            Some("i9"),
-        ),
-        row(
-            "intercept body empty",
-            intercept(t, "object", Some(rid), Some("i9"), ""),
-            400,
-            "INVALID_INPUT",
-            Some("i9"),
-        ),
-        row(
-            "intercept body an array",
-            intercept(t, "object", Some(rid), Some("i9"), "[1]"),
-            400,
-            "INVALID_INPUT",
-            Some("i9"),
-        ),
-        row(
-            "intercept schema failure",
-            intercept(t, "search", Some(rid), Some("i9"), r#"{"q": 5}"#),
-            400,
-            "INVALID_INPUT",
-            Some("i9"),
-        ),
-    ];
+    vec![
+        Check {
+            step: "1. request size: the tool's own limit once known, the global one before",
+            status: 413,
+            code: "REQUEST_TOO_LARGE",
+            refused: vec![
+                (
+                    "envelope over every limit (body unread)",
+                    envelope(t, padded(rid, "c-big", "search", 5000)),
+                    None,
+                ),
+                (
+                    "envelope over the tool's smaller request_bytes",
+                    envelope(t, padded(rid, "c-tiny", "tiny", 300)),
+                    Some("c-tiny"),
+                ),
+                (
+                    "envelope over the global limit, tool unknown",
+                    envelope(t, padded(rid, "c-unk", "nope", 2000)),
+                    Some("c-unk"),
+                ),
+                (
+                    "envelope over the global limit, tool without override",
+                    envelope(t, padded(rid, "c-w", "writer", 2000)),
+                    Some("c-w"),
+                ),
+                (
+                    "intercept over the tool's request_bytes",
+                    runs.intercept("search", "i-big", padded_input(5000).to_string()),
+                    Some("i-big"),
+                ),
+                (
+                    "intercept over the tool's smaller request_bytes",
+                    runs.intercept("tiny", "i-tiny", padded_input(300).to_string()),
+                    Some("i-tiny"),
+                ),
+                (
+                    "intercept over the global limit, tool unknown",
+                    runs.intercept("nope", "i-unk", padded_input(2000).to_string()),
+                    Some("i-unk"),
+                ),
+            ],
+        },
+        Check {
+            step: "2. the run token",
+            status: 401,
+            code: "UNAUTHENTICATED",
+            refused: vec![
+                (
+                    "no token",
+                    runs.good("c2", "search", q()).with_token(None),
+                    Some("c2"),
+                ),
+                (
+                    "garbage token",
+                    runs.good("c2", "search", q()).with_token(Some("garbage")),
+                    Some("c2"),
+                ),
+                (
+                    "forged mac",
+                    runs.good("c2", "search", q()).with_token(Some(&bad_mac)),
+                    Some("c2"),
+                ),
+                (
+                    "token signed with another key",
+                    runs.good("c2", "search", q()).with_token(Some(&foreign_key)),
+                    Some("c2"),
+                ),
+                (
+                    "another run's mac on this run's id",
+                    runs.good("c2", "search", q()).with_token(Some(&other_mac)),
+                    Some("c2"),
+                ),
+                (
+                    "admin token as run token",
+                    runs.good("c2", "search", q()).with_token(Some(ADMIN_TOKEN)),
+                    Some("c2"),
+                ),
+                (
+                    "intercept without token",
+                    intercept(None, "search", Some(rid), Some("i2"), q().to_string()),
+                    Some("i2"),
+                ),
+            ],
+        },
+        Check {
+            step: "3. the envelope is JSON",
+            status: 400,
+            code: "INVALID_INPUT",
+            refused: vec![
+                ("envelope not JSON", envelope(t, "{not json"), None),
+                ("envelope empty", envelope(t, ""), None),
+                ("envelope not an object", envelope(t, "[1,2]"), None),
+            ],
+        },
+        Check {
+            step: "4. tool_call_id",
+            status: 400,
+            code: "INVALID_TOOL_CALL_ID",
+            refused: vec![
+                (
+                    "tool_call_id missing",
+                    runs.envelope(json!({"run_id": rid, "tool": "search", "input": q()})),
+                    None,
+                ),
+                ("tool_call_id empty", runs.good("", "search", q()), None),
+                ("tool_call_id blank", runs.good("   ", "search", q()), None),
+                (
+                    "tool_call_id with a space",
+                    runs.good("call abc", "search", q()),
+                    None,
+                ),
+                (
+                    "tool_call_id with a leading dash",
+                    runs.good("-call", "search", q()),
+                    None,
+                ),
+                (
+                    "tool_call_id with a slash",
+                    runs.good("call/../x", "search", q()),
+                    None,
+                ),
+                (
+                    "tool_call_id too long",
+                    runs.good(&"a".repeat(129), "search", q()),
+                    None,
+                ),
+                (
+                    "tool_call_id not a string",
+                    runs.envelope(
+                        json!({"run_id": rid, "tool_call_id": 123, "tool": "search", "input": q()}),
+                    ),
+                    None,
+                ),
+                (
+                    "intercept without X-Tool-Call-Id",
+                    intercept(t, "search", Some(rid), None, q().to_string()),
+                    None,
+                ),
+                (
+                    "intercept with an unsafe X-Tool-Call-Id",
+                    runs.intercept("search", "bad id", q().to_string()),
+                    None,
+                ),
+            ],
+        },
+        Check {
+            step: "5. run_id",
+            status: 403,
+            code: "RUN_MISMATCH",
+            refused: vec![
+                (
+                    "run_id missing",
+                    runs.envelope(json!({"tool_call_id": "c5", "tool": "search", "input": q()})),
+                    Some("c5"),
+                ),
+                (
+                    "run_id of another run",
+                    runs.envelope(
+                        json!({"run_id": other.id, "tool_call_id": "c5", "tool": "search", "input": q()}),
+                    ),
+                    Some("c5"),
+                ),
+                (
+                    "run_id unsafe",
+                    runs.envelope(
+                        json!({"run_id": "run 1", "tool_call_id": "c5", "tool": "search", "input": q()}),
+                    ),
+                    Some("c5"),
+                ),
+                (
+                    "intercept with another run",
+                    intercept(t, "search", Some(&other.id), Some("i5"), q().to_string()),
+                    Some("i5"),
+                ),
+                (
+                    "intercept without X-Run-Id",
+                    intercept(t, "search", None, Some("i5"), q().to_string()),
+                    Some("i5"),
+                ),
+            ],
+        },
+        Check {
+            step: "6. the tool is configured",
+            status: 404,
+            code: "UNKNOWN_TOOL",
+            refused: vec![
+                ("unknown tool", runs.good("c6", "nope", q()), Some("c6")),
+                (
+                    "tool missing",
+                    runs.envelope(json!({"run_id": rid, "tool_call_id": "c6", "input": q()})),
+                    Some("c6"),
+                ),
+                (
+                    "intercept unknown tool",
+                    runs.intercept("nope", "i6", q().to_string()),
+                    Some("i6"),
+                ),
+            ],
+        },
+        Check {
+            step: "7. the tool is allowed for the run",
+            status: 403,
+            code: "UNAUTHORIZED",
+            refused: vec![
+                (
+                    "tool outside the run's tools",
+                    envelope_json(
+                        Some(&only_search.token),
+                        json!({"run_id": only_search.id, "tool_call_id": "c7", "tool": "object", "input": {}}),
+                    ),
+                    Some("c7"),
+                ),
+                (
+                    "intercept tool outside the run's tools",
+                    intercept(
+                        Some(&only_search.token),
+                        "object",
+                        Some(&only_search.id),
+                        Some("i7"),
+                        "{}",
+                    ),
+                    Some("i7"),
+                ),
+            ],
+        },
+        Check {
+            step: "8. the tool is read-only",
+            status: 403,
+            code: "TOOL_NOT_READ_ONLY",
+            refused: vec![
+                ("tool not read-only", runs.good("c8", "writer", q()), Some("c8")),
+                (
+                    "intercept tool not read-only",
+                    runs.intercept("writer", "i8", q().to_string()),
+                    Some("i8"),
+                ),
+            ],
+        },
+        Check {
+            step: "9. the input",
+            status: 400,
+            code: "INVALID_INPUT",
+            refused: vec![
+                (
+                    "input missing",
+                    runs.envelope(json!({"run_id": rid, "tool_call_id": "c9", "tool": "object"})),
+                    Some("c9"),
+                ),
+                ("input an array", runs.good("c9", "object", json!([1])), Some("c9")),
+                ("input a string", runs.good("c9", "object", json!("q")), Some("c9")),
+                ("input null", runs.good("c9", "object", Value::Null), Some("c9")),
+                ("schema: q missing", runs.good("c9", "search", json!({})), Some("c9")),
+                (
+                    "schema: q not a string",
+                    runs.good("c9", "search", json!({"q": 5})),
+                    Some("c9"),
+                ),
+                (
+                    "schema: q too long",
+                    runs.good("c9", "search", json!({"q": "x".repeat(513)})),
+                    Some("c9"),
+                ),
+                (
+                    "intercept body not JSON",
+                    runs.intercept("object", "i9", "{oops"),
+                    Some("i9"),
+                ),
+                (
+                    "intercept body empty",
+                    runs.intercept("object", "i9", ""),
+                    Some("i9"),
+                ),
+                (
+                    "intercept body an array",
+                    runs.intercept("object", "i9", "[1]"),
+                    Some("i9"),
+                ),
+                (
+                    "intercept schema failure",
+                    runs.intercept("search", "i9", r#"{"q": 5}"#),
+                    Some("i9"),
+                ),
+            ],
+        },
+    ]
+}
 
-    let runs = [&r, &only_search, &other];
-    for row in rows {
-        let mut before = Vec::new();
-        for run in runs {
-            before.push(spent(&env, run).await);
-        }
-        let reply = env.send(&row.req).await;
-        assert_eq!(
-            (reply.status, reply.body["error"]["code"].as_str()),
-            (row.status, Some(row.code)),
-            "{}: {}",
-            row.what,
-            reply.raw
-        );
-        assert_error(&reply, row.status, row.code, row.echo);
-        let mut after = Vec::new();
-        for run in runs {
-            after.push(spent(&env, run).await);
-        }
-        assert_eq!(before, after, "{}: a rejection spent something", row.what);
-        if let Some(id) = row.echo {
-            for run in runs {
-                env.no_record(&run.id, id).await;
+/// Steps 1–9, one request per fault ([`preflight_table`]). No refused request reaches the tool,
+/// creates a record or spends budget; the same runs then work when nothing is wrong.
+async fn preflight_checks_in_order(store_yaml: String) {
+    let env = Env::start(&store_yaml).await;
+    let runs = Runs::create(&env).await;
+    for check in preflight_table(&runs) {
+        for (what, req, echo) in check.refused {
+            let what = format!("{} / {what}", check.step);
+            let mut before = Vec::new();
+            for run in runs.all() {
+                before.push(spent(&env, run).await);
+            }
+            let reply = env.send(&req).await;
+            assert_eq!(
+                (reply.status, reply.body["error"]["code"].as_str()),
+                (check.status, Some(check.code)),
+                "{what}: {}",
+                reply.raw
+            );
+            assert_error(&reply, check.status, check.code, echo);
+            let mut after = Vec::new();
+            for run in runs.all() {
+                after.push(spent(&env, run).await);
+            }
+            assert_eq!(before, after, "{what}: a rejection spent something");
+            if let Some(id) = echo {
+                for run in runs.all() {
+                    env.no_record(&run.id, id).await;
+                }
             }
         }
     }
@@ -552,9 +470,11 @@ async fn preflight_checks_in_order(store_yaml: String) {
         "a rejected call reached the tool"
     );
 
-    // The same runs and tokens work when nothing is wrong, so each row failed on its own fault.
+    // The same runs and tokens work when nothing is wrong, so each request failed on its own fault.
+    let (t, rid) = (runs.token(), runs.r.id.as_str());
+    let q = || json!({"q": "redis"});
     assert_ready(
-        &env.send(&good("ok-1", "search", q())).await,
+        &env.send(&runs.good("ok-1", "search", q())).await,
         "ok-1",
         "EVIDENCE_FOUND",
     );
@@ -566,14 +486,11 @@ async fn preflight_checks_in_order(store_yaml: String) {
         "EVIDENCE_FOUND",
     );
     let input = padded_input(2000).to_string();
-    let reply = env
-        .send(&intercept(t, "search", Some(rid), Some("ok-3"), input))
-        .await;
+    let reply = env.send(&runs.intercept("search", "ok-3", input)).await;
     assert_ready(&reply, "ok-3", "EVIDENCE_FOUND");
-    let reply = env
-        .send(&intercept(t, "tiny", Some(rid), Some("ok-4"), "{}"))
-        .await;
+    let reply = env.send(&runs.intercept("tiny", "ok-4", "{}")).await;
     assert_ready(&reply, "ok-4", "EVIDENCE_FOUND");
+    let only_search = &runs.only_search;
     let reply = env
         .send(&intercept(
             Some(&only_search.token),
