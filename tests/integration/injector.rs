@@ -1,7 +1,7 @@
 //! The admission webhook driven with real AdmissionReview documents, and served over real TLS.
 //!
 //! Every review is built in code from one base document (`tests/fixtures/admission/
-//! inject_native.json`, a ReplicaSet's pod annotated for injection): each variant function below
+//! pod_review.json`, a ReplicaSet's pod annotated for injection): each variant function below
 //! makes the one or two edits its case is about.
 
 use std::path::PathBuf;
@@ -78,7 +78,7 @@ impl Review {
 /// ReplicaSet's pod in `agents` annotated `toolgate.dev/inject: "true"`, with two containers
 /// (`agent`, `log-shipper`), two init containers and a projected service account volume.
 fn base(name: &'static str, n: u32) -> Review {
-    let text = std::fs::read(fixture_path("admission", "inject_native.json")).unwrap();
+    let text = std::fs::read(fixture_path("admission", "pod_review.json")).unwrap();
     let mut doc: Value = serde_json::from_slice(&text).unwrap();
     doc["request"]["uid"] = json!(format!("11111111-0000-4000-8000-{n:012}"));
     Review { name, doc }
@@ -844,45 +844,4 @@ fn minimal_hand_written_review_is_judged_on_its_pod() {
     let mut pod = doc["request"]["object"].clone();
     json_patch::patch(&mut pod, &patch).unwrap();
     assert_eq!(pod["spec"]["initContainers"][0]["name"], "toolgate");
-}
-
-#[test]
-fn temporary_variants_equal_the_old_fixtures() {
-    let old = |file: &str| std::fs::read(fixture_path("admission", file)).unwrap();
-    let variants = [
-        inject_native(),
-        inject_native_bare(),
-        inject_regular(),
-        inject_overrides(),
-        not_annotated(),
-        inject_false(),
-        already_injected(),
-        has_toolgate_container(),
-        has_toolgate_init_container(),
-        bad_quantity(),
-        negative_cpu(),
-        malformed_pod(),
-        delete_operation(),
-        create_configmap(),
-        wrong_api_version(),
-        missing_uid(),
-    ];
-    for r in &variants {
-        let file = old(&format!("{}.json", r.name));
-        let expected: Value = serde_json::from_slice(&file).unwrap();
-        assert_eq!(r.doc, expected, "{}", r.name);
-        // Byte for byte, key order included (the files end with a newline).
-        let mut bytes = r.bytes();
-        bytes.push(b'\n');
-        assert_eq!(
-            String::from_utf8(bytes).unwrap(),
-            String::from_utf8(file).unwrap(),
-            "{}",
-            r.name
-        );
-    }
-    let mut not_json = NOT_JSON.to_vec();
-    not_json.push(b'\n');
-    assert_eq!(not_json, old("not_json.json"));
-    assert_eq!(variants.len() + 1, 17, "every old fixture is checked");
 }
