@@ -1,16 +1,16 @@
-//! Test support shared by the integration tests: the sidecar on port 0, in-process fake tools,
-//! and (for the Redis tests) a real Redis Cluster.
-#![allow(dead_code)]
+//! The harness of the integration tests, and nothing else: the sidecar on port 0 ([`sidecar`]),
+//! in-process fake tools ([`fake_tool`]), a real Redis Cluster ([`redis_cluster`]), and the small
+//! helpers below. The tests themselves are in `tests/integration/`.
 
-pub mod boundary_cases;
 pub mod fake_tool;
 pub mod redis_cluster;
 pub mod sidecar;
-pub mod store_suite;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use toolgate::clock;
 
 /// A fresh, unique temp directory (removed by the caller when it cares).
 pub fn temp_dir(tag: &str) -> PathBuf {
@@ -18,7 +18,7 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "toolgate-{tag}-{}-{}-{}",
         std::process::id(),
-        toolgate::clock::now_ms(),
+        clock::now_ms(),
         N.fetch_add(1, Ordering::SeqCst)
     ));
     std::fs::create_dir_all(&dir).expect("create temp dir");
@@ -31,7 +31,7 @@ pub fn unique(prefix: &str) -> String {
     format!(
         "{prefix}-{}-{}-{}",
         std::process::id(),
-        toolgate::clock::now_ms() % 100_000_000,
+        clock::now_ms() % 100_000_000,
         N.fetch_add(1, Ordering::SeqCst)
     )
 }

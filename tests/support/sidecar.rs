@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use toolgate::app::{self, Listeners, Options};
 use toolgate::auth::Tokens;
 use toolgate::config::Config;
+use toolgate::error::Result;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
@@ -29,7 +30,7 @@ pub struct Sidecar {
     pub config_path: PathBuf,
     http: Client<HttpConnector, Full<Bytes>>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
-    task: Mutex<Option<JoinHandle<toolgate::error::Result<()>>>>,
+    task: Mutex<Option<JoinHandle<Result<()>>>>,
 }
 
 /// An HTTP answer: status and JSON body (`Value::String` when the body is not JSON).
@@ -98,7 +99,7 @@ impl Sidecar {
     }
 
     /// Begins the drain (as SIGTERM does) and returns the run task.
-    pub fn begin_shutdown(&self) -> JoinHandle<toolgate::error::Result<()>> {
+    pub fn begin_shutdown(&self) -> JoinHandle<Result<()>> {
         if let Some(stop) = self.stop.lock().expect("lock").take() {
             let _ = stop.send(());
         }

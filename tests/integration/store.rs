@@ -1,15 +1,15 @@
-//! The one store test suite: every `Store` implementation runs these cases unchanged.
+//! The store suite: every case runs unchanged against each `Store` backend, as three tests
+//! `case::memory`, `case::redis` and `case::redis_replica` (the same Redis Cluster with
+//! `durability: replica`, so every finalize also waits for a replica).
 //!
-//! A backend provides a [`Harness`] and expands [`store_suite!`] into one test per case:
+//! A backend is a [`Harness`]. Cases use unique run ids, so they can share the binary's one Redis
+//! Cluster. Time moves only through [`Harness::advance`]: paused tokio time for memory, real time
+//! for Redis. Reservations take explicit wall-clock `now_ms` values derived from the run's own
+//! creation time.
 //!
-//! ```ignore
-//! mod support;
-//! store_suite!(#[tokio::test(start_paused = true)] MemoryHarness);
-//! ```
-//!
-//! Cases use unique run ids, so they can share one Redis Cluster. Time moves only through
-//! [`Harness::advance`]: paused tokio time for memory, real time for Redis. Reservations take
-//! explicit wall-clock `now_ms` values derived from the run's own creation time.
+//! The record builders here ([`new_run`], [`projecting`], [`ready`], [`error`], [`code`]) and the
+//! Redis store config are shared with the Redis-only tests of `crate::redis`.
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -18,13 +18,76 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use toolgate::clock;
+use toolgate::config::{Durability, StoreConfig, StoreKind};
 use toolgate::error::{Code, Result, SizeStage};
 use toolgate::projection::Evidence;
+use toolgate::store::memory::MemoryStore;
+use toolgate::store::redis::RedisStore;
 use toolgate::store::{
     Budget, Finalized, NewRun, PreparedFinal, Record, RunState, RunView, Status, Store, facts,
 };
 
-use super::unique;
+use crate::support::redis_cluster::{self, RedisCluster};
+use crate::support::unique;
+
+/// For each case `async fn case(h: &impl Harness)`, a module `case` with one test per backend.
+macro_rules! on_every_store {
+    ($($case:ident),+ $(,)?) => {
+        $(
+            mod $case {
+                use super::{Memory, Redis};
+
+                #[tokio::test(start_paused = true)]
+                async fn memory() {
+                    super::$case(&Memory).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis() {
+                    super::$case(&Redis::primary()).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn redis_replica() {
+                    super::$case(&Redis::replica()).await;
+                }
+            }
+        )+
+    };
+}
+
+on_every_store!(
+    create_and_get_run,
+    create_run_twice_is_run_exists,
+    close_run_to_ended_is_final,
+    close_run_to_cancelled_is_idempotent,
+    reserve_creates_projecting_record_and_moves_counters,
+    reserve_on_unknown_or_closed_run_is_run_inactive,
+    reserve_checks_in_contract_order,
+    duplicate_leaves_first_record_untouched,
+    run_call_budget_is_enforced,
+    per_tool_budget_is_enforced,
+    used_up_record_bytes_exhaust_the_budget,
+    reserve_refuses_a_malformed_record,
+    finalize_ready_and_error,
+    finalizing_twice_is_internal,
+    finalize_refuses_invalid_shapes,
+    record_over_record_bytes_is_stored_stripped,
+    run_over_max_record_bytes_is_stored_stripped,
+    progress_order_and_facts,
+    facts_exclude_expired_records,
+    ttl_is_set_at_creation_and_not_renewed_by_reads,
+    finalize_keeps_the_remaining_ttl,
+    record_is_gone_after_its_ttl,
+    finalize_after_expiry_is_record_expired,
+    run_and_progress_outlive_records,
+    concurrent_reserves_of_one_id_have_one_winner,
+    concurrent_reserves_never_overspend,
+    ping_answers,
+);
+
+// ---------------------------------------------------------------------------------------------
+// The backends.
 
 /// What a backend gives the suite.
 pub trait Harness: Sync {
@@ -34,51 +97,85 @@ pub trait Harness: Sync {
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// Expands into one test per suite case. The first argument is the test attribute, the second
-/// an expression building the harness.
-#[macro_export]
-macro_rules! store_suite {
-    (#[$attr:meta] $harness:expr) => {
-        $crate::store_suite!(@cases #[$attr] $harness;
-            create_and_get_run,
-            create_run_twice_is_run_exists,
-            close_run_to_ended_is_final,
-            close_run_to_cancelled_is_idempotent,
-            reserve_creates_projecting_record_and_moves_counters,
-            reserve_on_unknown_or_closed_run_is_run_inactive,
-            reserve_checks_in_contract_order,
-            duplicate_leaves_first_record_untouched,
-            run_call_budget_is_enforced,
-            per_tool_budget_is_enforced,
-            used_up_record_bytes_exhaust_the_budget,
-            reserve_refuses_a_malformed_record,
-            finalize_ready_and_error,
-            finalizing_twice_is_internal,
-            finalize_refuses_invalid_shapes,
-            record_over_record_bytes_is_stored_stripped,
-            run_over_max_record_bytes_is_stored_stripped,
-            progress_order_and_facts,
-            facts_exclude_expired_records,
-            ttl_is_set_at_creation_and_not_renewed_by_reads,
-            finalize_keeps_the_remaining_ttl,
-            record_is_gone_after_its_ttl,
-            finalize_after_expiry_is_record_expired,
-            run_and_progress_outlive_records,
-            concurrent_reserves_of_one_id_have_one_winner,
-            concurrent_reserves_never_overspend,
-            ping_answers,
-        );
-    };
-    (@cases #[$attr:meta] $harness:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[$attr]
-            async fn $case() {
-                let harness = $harness;
-                $crate::support::store_suite::$case(&harness).await;
-            }
-        )*
-    };
+/// The embedded `MemoryStore`. Each case runs on a paused clock, so TTLs move only through
+/// `advance`.
+struct Memory;
+
+impl Harness for Memory {
+    async fn store(&self, record_ttl_ms: u64) -> Arc<dyn Store> {
+        Arc::new(MemoryStore::new(record_ttl_ms))
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::advance(d).await;
+    }
 }
+
+/// A `RedisStore` on the binary's shared cluster, in real time.
+struct Redis {
+    cluster: &'static RedisCluster,
+    durability: Durability,
+}
+
+impl Redis {
+    fn primary() -> Redis {
+        Redis {
+            cluster: redis_cluster::shared(),
+            durability: Durability::Primary,
+        }
+    }
+
+    fn replica() -> Redis {
+        Redis {
+            cluster: redis_cluster::shared(),
+            durability: Durability::Replica,
+        }
+    }
+}
+
+impl Harness for Redis {
+    async fn store(&self, record_ttl_ms: u64) -> Arc<dyn Store> {
+        connect(&redis_config(
+            self.cluster,
+            record_ttl_ms,
+            self.durability,
+            SUITE_TIMEOUT,
+        ))
+        .await
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+/// The Redis store timeout of the suite: generous for a loaded 2-core machine; the tests about
+/// timeouts use their own.
+pub const SUITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The store config of a `RedisStore` on `cluster`, under the default key prefix.
+pub fn redis_config(
+    cluster: &RedisCluster,
+    record_ttl_ms: u64,
+    durability: Durability,
+    timeout: Duration,
+) -> StoreConfig {
+    StoreConfig {
+        kind: StoreKind::RedisCluster,
+        nodes: cluster.urls(),
+        key_prefix: "toolgate".into(),
+        record_ttl_ms,
+        durability,
+        timeout,
+    }
+}
+
+pub async fn connect(cfg: &StoreConfig) -> Arc<dyn Store> {
+    Arc::new(RedisStore::connect(cfg).await.expect("connect"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Builders.
 
 /// Long enough that no record expires during a case that is not about expiry.
 const LONG_TTL: u64 = 60_000;
@@ -106,6 +203,7 @@ pub fn new_run(
     }
 }
 
+/// A run with room for anything a case does.
 fn roomy(tag: &str) -> NewRun {
     new_run(tag, 100, &[], 8 << 20, RUN_TIMEOUT)
 }
@@ -136,7 +234,7 @@ pub fn ready(r: &Record) -> Record {
 }
 
 /// `r` finalized READY with `NO_EVIDENCE`.
-pub fn no_evidence(r: &Record) -> Record {
+fn no_evidence(r: &Record) -> Record {
     Record {
         evidence_status: Some(Evidence::None),
         agent_result: json!({"scope": {"tool": r.tool, "input": r.request}}),
@@ -161,7 +259,7 @@ pub fn error(r: &Record, code: Code) -> Record {
 }
 
 /// The bytes a finalize of `r` adds to the run when it fits.
-pub fn size_of(r: &Record, record_bytes: u64) -> u64 {
+fn size_of(r: &Record, record_bytes: u64) -> u64 {
     PreparedFinal::new(r, record_bytes)
         .expect("a valid final record")
         .size()
@@ -201,7 +299,10 @@ async fn progress_ids(store: &Arc<dyn Store>, run_id: &str) -> Vec<String> {
         .collect()
 }
 
-pub async fn create_and_get_run(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Runs: create, get, close.
+
+async fn create_and_get_run(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let new = new_run("create", 7, &[("search", 2)], 4096, RUN_TIMEOUT);
     let created = store.create_run(new.clone()).await.expect("create_run");
@@ -234,7 +335,7 @@ pub async fn create_and_get_run(h: &impl Harness) {
     );
 }
 
-pub async fn create_run_twice_is_run_exists(h: &impl Harness) {
+async fn create_run_twice_is_run_exists(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let first = roomy("exists");
     let created = store.create_run(first.clone()).await.expect("create");
@@ -254,7 +355,7 @@ pub async fn create_run_twice_is_run_exists(h: &impl Harness) {
     );
 }
 
-pub async fn close_run_to_ended_is_final(h: &impl Harness) {
+async fn close_run_to_ended_is_final(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("end")).await.expect("create");
     let ended = store
@@ -290,7 +391,7 @@ pub async fn close_run_to_ended_is_final(h: &impl Harness) {
     assert_eq!(store.get_run(&unknown).await.expect("get_run"), None);
 }
 
-pub async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
+async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("cancel")).await.expect("create");
     for to in [RunState::Cancelled, RunState::Cancelled, RunState::Ended] {
@@ -304,7 +405,10 @@ pub async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
     assert_eq!(run_of(&store, &run.run_id).await.state, RunState::Cancelled);
 }
 
-pub async fn reserve_creates_projecting_record_and_moves_counters(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Reserve: the atomic reservation and its refusals.
+
+async fn reserve_creates_projecting_record_and_moves_counters(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("reserve")).await.expect("create");
     let a = projecting(&run, "call_a", "search");
@@ -348,7 +452,7 @@ pub async fn reserve_creates_projecting_record_and_moves_counters(h: &impl Harne
     );
 }
 
-pub async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) {
+async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let unknown = RunView::new(roomy("unknown"));
     let r = projecting(&unknown, "call_1", "search");
@@ -378,7 +482,7 @@ pub async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) 
     }
 }
 
-pub async fn reserve_checks_in_contract_order(h: &impl Harness) {
+async fn reserve_checks_in_contract_order(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store
         .create_run(new_run("order", 1, &[("search", 1)], 1 << 20, RUN_TIMEOUT))
@@ -435,7 +539,7 @@ pub async fn reserve_checks_in_contract_order(h: &impl Harness) {
     assert_eq!(run_of(&store, &run.run_id).await.calls_used, 0);
 }
 
-pub async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
+async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("dup")).await.expect("create");
     let first = projecting(&run, "call_dup", "search");
@@ -472,7 +576,7 @@ pub async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
     assert_eq!(run_of(&store, &run.run_id).await.calls_used, 1);
 }
 
-pub async fn run_call_budget_is_enforced(h: &impl Harness) {
+async fn run_call_budget_is_enforced(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store
         .create_run(new_run("calls", 2, &[], 1 << 20, RUN_TIMEOUT))
@@ -495,7 +599,7 @@ pub async fn run_call_budget_is_enforced(h: &impl Harness) {
     assert_eq!(view.calls_per_tool, BTreeMap::from([("search".into(), 2)]));
 }
 
-pub async fn per_tool_budget_is_enforced(h: &impl Harness) {
+async fn per_tool_budget_is_enforced(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store
         .create_run(new_run(
@@ -536,7 +640,7 @@ pub async fn per_tool_budget_is_enforced(h: &impl Harness) {
     assert!(record_of(&store, &s2).await.is_none());
 }
 
-pub async fn used_up_record_bytes_exhaust_the_budget(h: &impl Harness) {
+async fn used_up_record_bytes_exhaust_the_budget(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run_template = new_run("bytes", 10, &[], 0, RUN_TIMEOUT);
     // Sizes depend on the run id: measure with the real one.
@@ -575,7 +679,7 @@ pub async fn used_up_record_bytes_exhaust_the_budget(h: &impl Harness) {
     assert!(record_of(&store, &b).await.is_none());
 }
 
-pub async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
+async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("malformed")).await.expect("create");
     let good = projecting(&run, "call_1", "search");
@@ -609,7 +713,10 @@ pub async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
     assert_eq!(run_of(&store, &run.run_id).await.calls_used, 0);
 }
 
-pub async fn finalize_ready_and_error(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Finalize: the final record, once, within the byte limits.
+
+async fn finalize_ready_and_error(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("final")).await.expect("create");
     let a = projecting(&run, "call_a", "search");
@@ -651,7 +758,7 @@ pub async fn finalize_ready_and_error(h: &impl Harness) {
     assert_eq!(view.calls_used, 2, "finalize does not spend calls");
 }
 
-pub async fn finalizing_twice_is_internal(h: &impl Harness) {
+async fn finalizing_twice_is_internal(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("twice")).await.expect("create");
     let a = projecting(&run, "call_a", "search");
@@ -683,7 +790,7 @@ pub async fn finalizing_twice_is_internal(h: &impl Harness) {
     );
 }
 
-pub async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
+async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("shapes")).await.expect("create");
     let a = projecting(&run, "call_a", "search");
@@ -749,7 +856,7 @@ pub async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
     );
 }
 
-pub async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
+async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("toolarge")).await.expect("create");
     let a = projecting(&run, "call_a", "search");
@@ -789,7 +896,7 @@ pub async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
     assert_eq!(f.excluded, 1);
 }
 
-pub async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
+async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let template = new_run("runbytes", 10, &[], 0, RUN_TIMEOUT);
     let sized = RunView::new(template.clone());
@@ -838,7 +945,10 @@ pub async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     assert_eq!(f.excluded, 1);
 }
 
-pub async fn progress_order_and_facts(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Progress and facts.
+
+async fn progress_order_and_facts(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("facts")).await.expect("create");
     let ids = ["f1", "e1", "p1", "n1", "f2"];
@@ -898,7 +1008,7 @@ pub async fn progress_order_and_facts(h: &impl Harness) {
     );
 }
 
-pub async fn facts_exclude_expired_records(h: &impl Harness) {
+async fn facts_exclude_expired_records(h: &impl Harness) {
     let store = h.store(1_500).await;
     let run = store.create_run(roomy("expired")).await.expect("create");
     let a = projecting(&run, "a", "search");
@@ -924,7 +1034,11 @@ pub async fn facts_exclude_expired_records(h: &impl Harness) {
     assert_eq!(f.excluded, 1);
 }
 
-pub async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Expiry: a record lives record_ttl_ms from its reservation, no read or finalize renews it, and
+// the run and its progress outlive it.
+
+async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("ttl")).await.expect("create");
     let a = projecting(&run, "a", "search");
@@ -955,7 +1069,7 @@ pub async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
     assert!(ttl3 + 300 <= ttl2, "{ttl2} then {ttl3}");
 }
 
-pub async fn finalize_keeps_the_remaining_ttl(h: &impl Harness) {
+async fn finalize_keeps_the_remaining_ttl(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("keepttl")).await.expect("create");
     let a = projecting(&run, "a", "search");
@@ -976,7 +1090,7 @@ pub async fn finalize_keeps_the_remaining_ttl(h: &impl Harness) {
     assert!(after > 0, "finalize must not drop the TTL");
 }
 
-pub async fn record_is_gone_after_its_ttl(h: &impl Harness) {
+async fn record_is_gone_after_its_ttl(h: &impl Harness) {
     let store = h.store(1_000).await;
     let run = store.create_run(roomy("gone")).await.expect("create");
     let a = projecting(&run, "a", "search");
@@ -1002,7 +1116,7 @@ pub async fn record_is_gone_after_its_ttl(h: &impl Harness) {
     );
 }
 
-pub async fn finalize_after_expiry_is_record_expired(h: &impl Harness) {
+async fn finalize_after_expiry_is_record_expired(h: &impl Harness) {
     let store = h.store(1_000).await;
     let run = store.create_run(roomy("midcall")).await.expect("create");
     let a = projecting(&run, "a", "search");
@@ -1040,7 +1154,7 @@ pub async fn finalize_after_expiry_is_record_expired(h: &impl Harness) {
     );
 }
 
-pub async fn run_and_progress_outlive_records(h: &impl Harness) {
+async fn run_and_progress_outlive_records(h: &impl Harness) {
     let store = h.store(1_000).await;
     // Run keys live timeout + record TTL = 3 s from creation.
     let run = store
@@ -1069,7 +1183,10 @@ pub async fn run_and_progress_outlive_records(h: &impl Harness) {
     assert_eq!(store.progress(&run.run_id).await.expect("progress"), None);
 }
 
-pub async fn concurrent_reserves_of_one_id_have_one_winner(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Concurrency.
+
+async fn concurrent_reserves_of_one_id_have_one_winner(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("race1")).await.expect("create");
     let mut tasks = JoinSet::new();
@@ -1105,7 +1222,7 @@ pub async fn concurrent_reserves_of_one_id_have_one_winner(h: &impl Harness) {
     assert_eq!(view.calls_used, 1);
 }
 
-pub async fn concurrent_reserves_never_overspend(h: &impl Harness) {
+async fn concurrent_reserves_never_overspend(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store
         .create_run(new_run("race5", 5, &[], 1 << 20, RUN_TIMEOUT))
@@ -1144,7 +1261,10 @@ pub async fn concurrent_reserves_never_overspend(h: &impl Harness) {
     assert_eq!(stored, 5, "only the winners have records");
 }
 
-pub async fn ping_answers(h: &impl Harness) {
+// ---------------------------------------------------------------------------------------------
+// Health.
+
+async fn ping_answers(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     store.ping().await.expect("ping");
 }

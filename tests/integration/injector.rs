@@ -1,5 +1,8 @@
-//! The admission webhook (SPEC §9) driven with real AdmissionReview documents, and served over
-//! real TLS.
+//! The admission webhook driven with real AdmissionReview documents, and served over real TLS.
+//!
+//! Every review is built in code from one base document (`tests/fixtures/admission/
+//! pod_review.json`, a ReplicaSet's pod annotated for injection): each variant function below
+//! makes the one or two edits its case is about.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls;
@@ -39,45 +42,216 @@ fn fixture_path(dir: &str, name: &str) -> PathBuf {
         .join(name)
 }
 
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(fixture_path("admission", name)).unwrap()
+// ---------------------------------------------------------------------------------------------
+// The reviews.
+
+/// An AdmissionReview document, and its name for the messages of the checks.
+struct Review {
+    name: &'static str,
+    doc: Value,
 }
 
-fn document(name: &str) -> Value {
-    serde_json::from_slice(&fixture(name)).unwrap()
+impl Review {
+    /// The body the API server would send.
+    fn bytes(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(&self.doc).unwrap()
+    }
+
+    fn request(&mut self) -> &mut Map<String, Value> {
+        self.doc["request"].as_object_mut().unwrap()
+    }
+
+    fn pod_spec(&mut self) -> &mut Map<String, Value> {
+        self.doc["request"]["object"]["spec"]
+            .as_object_mut()
+            .unwrap()
+    }
+
+    /// Sets (or adds, last) a pod annotation.
+    fn annotate(mut self, key: &str, value: &str) -> Review {
+        self.doc["request"]["object"]["metadata"]["annotations"][key] = json!(value);
+        self
+    }
 }
 
-/// Reviews a fixture and returns the HTTP status and the parsed body.
-fn run(name: &str) -> (StatusCode, Value) {
-    let (status, body) = review(&fixture(name), &settings());
+/// The base review with its own uid `11111111-0000-4000-8000-<n, 12 digits>`: a CREATE of a
+/// ReplicaSet's pod in `agents` annotated `toolgate.dev/inject: "true"`, with two containers
+/// (`agent`, `log-shipper`), two init containers and a projected service account volume.
+fn base(name: &'static str, n: u32) -> Review {
+    let text = std::fs::read(fixture_path("admission", "pod_review.json")).unwrap();
+    let mut doc: Value = serde_json::from_slice(&text).unwrap();
+    doc["request"]["uid"] = json!(format!("11111111-0000-4000-8000-{n:012}"));
+    Review { name, doc }
+}
+
+/// To inject as a native sidecar (the default): first of the init containers.
+fn inject_native() -> Review {
+    base("inject_native", 1)
+}
+
+/// To inject, into a pod with neither init containers nor volumes.
+fn inject_native_bare() -> Review {
+    let mut r = base("inject_native_bare", 2);
+    r.pod_spec().shift_remove("volumes");
+    r.pod_spec().shift_remove("initContainers");
+    r
+}
+
+/// To inject as a regular container, appended to the containers.
+fn inject_regular() -> Review {
+    base("inject_regular", 3).annotate("toolgate.dev/native-sidecar", "false")
+}
+
+/// To inject with the sidecar's resources and config map set by annotations.
+fn inject_overrides() -> Review {
+    base("inject_overrides", 4)
+        .annotate("toolgate.dev/cpu", "250m")
+        .annotate("toolgate.dev/memory", "128Mi")
+        .annotate("toolgate.dev/config-map", "research-toolgate")
+}
+
+/// Without the `toolgate.dev/inject` annotation.
+fn not_annotated() -> Review {
+    let mut r = base("not_annotated", 5);
+    r.doc["request"]["object"]["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .shift_remove("toolgate.dev/inject");
+    r
+}
+
+/// Annotated `toolgate.dev/inject: "false"`.
+fn inject_false() -> Review {
+    base("inject_false", 6).annotate("toolgate.dev/inject", "false")
+}
+
+/// Already marked `toolgate.dev/injected: "true"`.
+fn already_injected() -> Review {
+    base("already_injected", 7).annotate("toolgate.dev/injected", "true")
+}
+
+/// With a container already named `toolgate`.
+fn has_toolgate_container() -> Review {
+    let mut r = base("has_toolgate_container", 8);
+    r.pod_spec()["containers"].as_array_mut().unwrap().push(
+        json!({"name": "toolgate", "image": "ghcr.io/example/toolgate:0.9", "resources": {}}),
+    );
+    r
+}
+
+/// With an init container already named `toolgate`.
+fn has_toolgate_init_container() -> Review {
+    let mut r = base("has_toolgate_init_container", 9);
+    r.pod_spec()["initContainers"]
+        .as_array_mut()
+        .unwrap()
+        .insert(
+            0,
+            json!({"name": "toolgate", "image": "ghcr.io/example/toolgate:0.9", "restartPolicy": "Always"}),
+        );
+    r
+}
+
+/// A memory annotation that is not a quantity.
+fn bad_quantity() -> Review {
+    base("bad_quantity", 10).annotate("toolgate.dev/memory", "lots")
+}
+
+/// A negative cpu annotation.
+fn negative_cpu() -> Review {
+    base("negative_cpu", 11).annotate("toolgate.dev/cpu", "-100m")
+}
+
+/// A pod whose `containers` is a string.
+fn malformed_pod() -> Review {
+    let mut r = base("malformed_pod", 12);
+    r.pod_spec()["containers"] = json!("agent");
+    r
+}
+
+/// A DELETE: no object, the pod as `oldObject`.
+fn delete_operation() -> Review {
+    let mut r = base("delete_operation", 13);
+    let request = r.request();
+    request["operation"] = json!("DELETE");
+    request["oldObject"] = request["object"].take();
+    request["options"]["kind"] = json!("DeleteOptions");
+    r
+}
+
+/// The CREATE of an annotated ConfigMap, not a pod.
+fn create_configmap() -> Review {
+    let mut r = base("create_configmap", 14);
+    let request = r.request();
+    for field in ["kind", "requestKind"] {
+        request[field]["kind"] = json!("ConfigMap");
+    }
+    for field in ["resource", "requestResource"] {
+        request[field]["resource"] = json!("configmaps");
+    }
+    request["object"] = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "annotations": {"toolgate.dev/inject": "true"}},
+        "data": {"a": "b"},
+    });
+    r
+}
+
+/// An envelope of `admission.k8s.io/v1beta1`.
+fn wrong_api_version() -> Review {
+    let mut r = base("wrong_api_version", 15);
+    r.doc["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    r
+}
+
+/// A request without a uid.
+fn missing_uid() -> Review {
+    let mut r = inject_native();
+    r.name = "missing_uid";
+    r.request().shift_remove("uid");
+    r
+}
+
+/// A body cut short: not JSON.
+const NOT_JSON: &[u8] = br#"{"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": {"uid": "11111111-0000-4000-8000-0000000000"#;
+
+// ---------------------------------------------------------------------------------------------
+// Checks.
+
+/// Reviews a document and returns the HTTP status and the parsed body.
+fn run(r: &Review) -> (StatusCode, Value) {
+    let (status, body) = review(&r.bytes(), &settings());
     let body = serde_json::from_slice(&body).expect("every answer is JSON");
     (status, body)
 }
 
-/// Reviews a fixture that must be answered 200, checks the envelope and the uid echo, and
+/// Reviews a document that must be answered 200, checks the envelope and the uid echo, and
 /// returns the `response` object.
-fn answer(name: &str) -> Value {
-    let (status, body) = run(name);
+fn answer(r: &Review) -> Value {
+    let name = r.name;
+    let (status, body) = run(r);
     assert_eq!(status, StatusCode::OK, "{name}: {body}");
     assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
     assert_eq!(body["kind"], "AdmissionReview");
     assert_eq!(
-        body["response"]["uid"],
-        document(name)["request"]["uid"],
+        body["response"]["uid"], r.doc["request"]["uid"],
         "{name}: uid echoed"
     );
     body["response"].clone()
 }
 
-fn assert_allowed_without_patch(name: &str) {
-    let response = answer(name);
+fn assert_allowed_without_patch(r: &Review) {
+    let name = r.name;
+    let response = answer(r);
     assert_eq!(response["allowed"], true, "{name}: {response}");
     assert!(response.get("patch").is_none(), "{name}: no patch");
     assert!(response.get("patchType").is_none(), "{name}: no patch type");
 }
 
-fn assert_denied(name: &str, message_part: &str) {
-    let response = answer(name);
+fn assert_denied(r: &Review, message_part: &str) {
+    let name = r.name;
+    let response = answer(r);
     assert_eq!(response["allowed"], false, "{name}: {response}");
     assert!(response.get("patch").is_none());
     let message = response["status"]["message"].as_str().unwrap();
@@ -88,8 +262,9 @@ fn assert_denied(name: &str, message_part: &str) {
     assert_eq!(response["status"]["code"], 400);
 }
 
-fn assert_bad_request(name: &str) {
-    let (status, body) = run(name);
+fn assert_bad_request(name: &str, body: &[u8]) {
+    let (status, body) = review(body, &settings());
+    let body: Value = serde_json::from_slice(&body).expect("every answer is JSON");
     assert_eq!(status, StatusCode::BAD_REQUEST, "{name}: {body}");
     assert!(body["error"].is_string(), "{name}: {body}");
 }
@@ -105,10 +280,10 @@ fn patch_of(response: &Value) -> json_patch::Patch {
     serde_json::from_slice(&decoded).unwrap()
 }
 
-/// Applies the answer's patch to the fixture's pod, as the API server would.
-fn patched_pod(name: &str) -> (Value, Value) {
-    let original = document(name)["request"]["object"].clone();
-    let patch = patch_of(&answer(name));
+/// Applies the answer's patch to the review's pod, as the API server would.
+fn patched_pod(r: &Review) -> (Value, Value) {
+    let original = r.doc["request"]["object"].clone();
+    let patch = patch_of(&answer(r));
     for op in &patch.0 {
         assert!(
             matches!(op, json_patch::PatchOperation::Add(_)),
@@ -235,7 +410,7 @@ fn assert_config_volume(pod: &Value, config_map: &str) {
 
 #[test]
 fn native_sidecar_goes_before_existing_init_containers() {
-    let (original, pod) = patched_pod("inject_native.json");
+    let (original, pod) = patched_pod(&inject_native());
     let init = pod["spec"]["initContainers"].as_array().unwrap();
     assert_eq!(init.len(), 3);
     assert_sidecar(&init[0], &Placement::Native, "50m", "64Mi");
@@ -257,7 +432,7 @@ fn native_sidecar_goes_before_existing_init_containers() {
 
 #[test]
 fn native_sidecar_creates_missing_arrays() {
-    let (original, pod) = patched_pod("inject_native_bare.json");
+    let (original, pod) = patched_pod(&inject_native_bare());
     assert!(original["spec"].get("initContainers").is_none());
     assert!(original["spec"].get("volumes").is_none());
     let init = pod["spec"]["initContainers"].as_array().unwrap();
@@ -273,7 +448,7 @@ fn native_sidecar_creates_missing_arrays() {
 
 #[test]
 fn native_sidecar_false_appends_to_containers() {
-    let (original, pod) = patched_pod("inject_regular.json");
+    let (original, pod) = patched_pod(&inject_regular());
     let containers = pod["spec"]["containers"].as_array().unwrap();
     let original_containers = original["spec"]["containers"].as_array().unwrap();
     assert_eq!(containers.len(), original_containers.len() + 1);
@@ -300,7 +475,7 @@ fn native_sidecar_false_appends_to_containers() {
 
 #[test]
 fn annotations_override_resources_and_config_map() {
-    let (original, pod) = patched_pod("inject_overrides.json");
+    let (original, pod) = patched_pod(&inject_overrides());
     assert_sidecar(
         &pod["spec"]["initContainers"][0],
         &Placement::Native,
@@ -316,7 +491,7 @@ fn annotations_override_resources_and_config_map() {
 
 #[test]
 fn injected_annotation_pointer_is_escaped() {
-    let patch = patch_of(&answer("inject_native.json"));
+    let patch = patch_of(&answer(&inject_native()));
     let paths: Vec<String> = patch
         .0
         .iter()
@@ -337,41 +512,38 @@ fn injected_annotation_pointer_is_escaped() {
 
 #[test]
 fn pods_that_are_not_to_be_injected_pass_unchanged() {
-    for name in [
-        "not_annotated.json",
-        "inject_false.json",
-        "already_injected.json",
-        "has_toolgate_container.json",
-        "has_toolgate_init_container.json",
-        "delete_operation.json",
-        "create_configmap.json",
+    for r in [
+        not_annotated(),
+        inject_false(),
+        already_injected(),
+        has_toolgate_container(),
+        has_toolgate_init_container(),
+        delete_operation(),
+        create_configmap(),
     ] {
-        assert_allowed_without_patch(name);
+        assert_allowed_without_patch(&r);
     }
 }
 
 #[test]
 fn bad_quantities_are_denied() {
-    assert_denied("bad_quantity.json", "toolgate.dev/memory");
-    assert_denied("bad_quantity.json", "\"lots\" is not a Kubernetes quantity");
-    assert_denied("negative_cpu.json", "toolgate.dev/cpu");
+    assert_denied(&bad_quantity(), "toolgate.dev/memory");
+    assert_denied(&bad_quantity(), "\"lots\" is not a Kubernetes quantity");
+    assert_denied(&negative_cpu(), "toolgate.dev/cpu");
 }
 
 #[test]
 fn malformed_pod_is_denied_not_rejected() {
-    assert_denied("malformed_pod.json", "not a well-formed Pod");
+    assert_denied(&malformed_pod(), "not a well-formed Pod");
 }
 
 #[test]
 fn bad_reviews_get_400() {
-    for name in [
-        "not_json.json",
-        "wrong_api_version.json",
-        "missing_uid.json",
-    ] {
-        assert_bad_request(name);
+    assert_bad_request("not_json", NOT_JSON);
+    for r in [wrong_api_version(), missing_uid()] {
+        assert_bad_request(r.name, &r.bytes());
     }
-    let mut numeric_uid = document("inject_native.json");
+    let mut numeric_uid = inject_native().doc;
     numeric_uid["request"]["uid"] = json!(42);
     let (status, _) = review(numeric_uid.to_string().as_bytes(), &settings());
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -388,7 +560,7 @@ fn bad_reviews_get_400() {
 
 #[test]
 fn odd_but_valid_annotations() {
-    let mut review_doc = document("inject_native.json");
+    let mut review_doc = inject_native().doc;
     let annotations = &mut review_doc["request"]["object"]["metadata"]["annotations"];
     annotations["toolgate.dev/config-map"] = json!("Not_A_Name");
     let (status, body) = review(review_doc.to_string().as_bytes(), &settings());
@@ -403,7 +575,7 @@ fn odd_but_valid_annotations() {
     );
 
     // A pod that already mounts a volume of our name is refused rather than made invalid.
-    let mut review_doc = document("inject_native.json");
+    let mut review_doc = inject_native().doc;
     review_doc["request"]["object"]["spec"]["volumes"]
         .as_array_mut()
         .unwrap()
@@ -413,7 +585,8 @@ fn odd_but_valid_annotations() {
     assert_eq!(body["response"]["allowed"], false);
 }
 
-/// The envelope checks of SPEC §9, computed independently of the injector.
+/// The envelope checks (apiVersion `admission.k8s.io/v1`, kind `AdmissionReview`, a request with
+/// a string uid), computed independently of the injector.
 fn envelope_ok(doc: &Value) -> bool {
     doc["apiVersion"] == "admission.k8s.io/v1"
         && doc["kind"] == "AdmissionReview"
@@ -444,7 +617,7 @@ fn pointers(value: &Value, at: String, out: &mut Vec<String>) {
 /// and a patch, when there is one, applies cleanly to the object that was sent.
 #[test]
 fn never_panics_on_mangled_reviews() {
-    let original = document("inject_regular.json");
+    let original = inject_regular().doc;
     let mut paths = Vec::new();
     pointers(&original, String::new(), &mut paths);
     let replacements = [
@@ -488,7 +661,7 @@ fn never_panics_on_mangled_reviews() {
 
 #[test]
 fn never_panics_on_truncated_bodies() {
-    let body = fixture("inject_native.json");
+    let body = inject_native().bytes();
     for end in 0..body.len() {
         let (status, _) = review(&body[..end], &settings());
         assert!(
@@ -569,12 +742,7 @@ async fn serves_reviews_over_tls() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(&body[..], b"ok");
 
-    let (status, body) = send(
-        Method::POST,
-        "/mutate?timeout=10s",
-        fixture("inject_native.json"),
-    )
-    .await;
+    let (status, body) = send(Method::POST, "/mutate?timeout=10s", inject_native().bytes()).await;
     assert_eq!(status, StatusCode::OK);
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(
@@ -583,11 +751,11 @@ async fn serves_reviews_over_tls() {
     );
     assert_eq!(body["response"]["allowed"], true);
     assert_eq!(body["response"]["patchType"], "JSONPatch");
-    let mut pod = document("inject_native.json")["request"]["object"].clone();
+    let mut pod = inject_native().doc["request"]["object"].clone();
     json_patch::patch(&mut pod, &patch_of(&body["response"])).unwrap();
     assert_eq!(pod["spec"]["initContainers"][0]["name"], "toolgate");
 
-    let (status, _) = send(Method::POST, "/mutate", fixture("not_json.json")).await;
+    let (status, _) = send(Method::POST, "/mutate", NOT_JSON.to_vec()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _) = send(Method::GET, "/metrics", Vec::new()).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -654,7 +822,7 @@ async fn serve_refuses_bad_settings_and_tls_files() {
 #[test]
 fn minimal_hand_written_review_is_judged_on_its_pod() {
     // No userInfo, kind or resource: what a hand-written review or a test tool sends.
-    let mut doc = document("inject_native.json");
+    let mut doc = inject_native().doc;
     let request = doc["request"].as_object_mut().unwrap();
     for key in [
         "userInfo",
