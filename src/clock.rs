@@ -4,26 +4,57 @@
 //! It is the wall clock, moved by tokio's clock: when a test pauses tokio time
 //! (`tokio::time::pause`, `start_paused`) and advances it, deadlines, the memory store's TTLs and
 //! the times in records all move with it, so no test has to sleep on the wall clock. Outside a
-//! paused runtime tokio's clock is the monotonic clock and this is plain `SystemTime`.
+//! paused runtime tokio's clock is the monotonic clock, so this is the wall clock read through
+//! an anchor that is taken again whenever the wall clock is stepped by more than a second.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The wall clock at one monotonic instant. Time is read as that wall time plus tokio's clock
+/// since the instant, so a paused tokio clock gives exact, repeatable times.
+struct Anchor {
+    wall: Duration,
+    at: Instant,
+}
+
+/// When the wall clock and the monotonic clock disagree by more than this (the wall clock was
+/// stepped), the anchor is taken again.
+const RESYNC: Duration = Duration::from_secs(1);
+
+static ANCHOR: Mutex<Option<Anchor>> = Mutex::new(None);
+
+#[allow(clippy::disallowed_methods)] // the one place the wall clock is read
+fn wall() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+}
 
 /// Milliseconds since the Unix epoch.
-#[allow(clippy::disallowed_methods)] // the one place the wall clock is read
 pub fn now_ms() -> u64 {
-    let wall = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i128)
-        .unwrap_or(0);
-    // How far tokio's clock is ahead of (paused and advanced) or behind (paused) the monotonic
-    // one; zero unless time is paused.
-    let tokio_now = tokio::time::Instant::now().into_std();
-    let std_now = std::time::Instant::now();
-    let skew = match tokio_now.checked_duration_since(std_now) {
-        Some(ahead) => ahead.as_millis() as i128,
-        None => -(std_now.duration_since(tokio_now).as_millis() as i128),
+    let real = Instant::now();
+    let wall_now = wall();
+    let mut anchor = ANCHOR.lock().unwrap_or_else(|p| p.into_inner());
+    let fresh = anchor.as_ref().is_some_and(|a| {
+        let expected = a.wall + real.saturating_duration_since(a.at);
+        expected.abs_diff(wall_now) <= RESYNC
+    });
+    if !fresh {
+        *anchor = Some(Anchor {
+            wall: wall_now,
+            at: real,
+        });
+    }
+    let Some(a) = anchor.as_ref() else {
+        return wall_now.as_millis() as u64;
     };
-    (wall + skew).max(0) as u64
+    // tokio's clock: the monotonic clock, or the paused (and advanced) one in tests.
+    let tokio_now = tokio::time::Instant::now().into_std();
+    let since = match tokio_now.checked_duration_since(a.at) {
+        Some(ahead) => a.wall + ahead,
+        None => a.wall.saturating_sub(a.at.duration_since(tokio_now)),
+    };
+    since.as_millis() as u64
 }
 
 /// Formats epoch milliseconds as `2026-11-29T22:03:04.123Z`.

@@ -219,6 +219,23 @@ impl CodeName {
         self.0
     }
 
+    /// The HTTP status and fixed message are the same for every stage of a code, so a name
+    /// alone decides them.
+    fn any_code(self) -> Code {
+        Code::ALL
+            .into_iter()
+            .find(|c| c.as_str() == self.0)
+            .unwrap_or(Code::Internal)
+    }
+
+    pub fn status(self) -> StatusCode {
+        self.any_code().status()
+    }
+
+    pub fn message(self) -> &'static str {
+        self.any_code().message()
+    }
+
     /// A known wire name, or `None`.
     pub fn parse(s: &str) -> Option<CodeName> {
         Code::ALL

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolgate::error::Code;
+use toolgate::error::CodeName;
 
 use crate::support::fake_tool::{FakeTool, RAW_MARKER};
 use crate::support::sidecar::{Reply, Sidecar};
@@ -354,7 +354,7 @@ pub fn assert_error(r: &Reply, status: u16, code: &str, echo: Option<&str>) {
         "expected {status} {code}: {}",
         r.raw
     );
-    let fixed = Code::parse(code).expect("a contract code").message();
+    let fixed = CodeName::parse(code).expect("a contract code").message();
     let keys: Vec<&String> = r.body.as_object().expect("error object").keys().collect();
     assert_eq!(keys, ["status", "tool_call_id", "error"], "{}", r.raw);
     assert_eq!(r.body["status"], "ERROR", "{}", r.raw);

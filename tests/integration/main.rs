@@ -21,6 +21,9 @@
 //! Run one topic with `cargo test --test integration preflight::`, one case on one store with
 //! `cargo test --test integration preflight_checks_in_order::memory`.
 
+// Test code may unwrap: a panic is a test failure with its location.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/mod.rs"]
 mod support;
 

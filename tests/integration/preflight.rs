@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolgate::auth::Tokens;
 use toolgate::clock;
+use toolgate::ids::RunId;
 
 use crate::boundary::{
     Env, Req, Run, assert_admin_error, assert_error, assert_no_leak, assert_ready, envelope,
@@ -70,7 +71,7 @@ async fn wait_past(ms: u64) {
 fn token_for(run_id: &str) -> String {
     Tokens::new(ADMIN_TOKEN, None)
         .expect("tokens")
-        .issue(run_id)
+        .issue(&RunId::parse(run_id).expect("a safe run id"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ fn preflight_table(runs: &Runs) -> Vec<Check> {
     let q = || json!({"q": "redis"});
     let foreign_key = Tokens::new("another-admin-token", None)
         .expect("tokens")
-        .issue(rid);
+        .issue(&RunId::parse(rid).expect("a safe run id"));
     let other_mac = format!(
         "{rid}.{}",
         runs.other.token.split_once('.').expect("token shape").1

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolgate::clock;
-use toolgate::error::Code;
+use toolgate::error::CodeName;
 
 use crate::boundary::{
     Env, Run, assert_admin_error, assert_error, assert_ready, on_both_stores, wait_calls,
@@ -467,7 +467,7 @@ async fn failure_attribution(store_yaml: String) {
     ];
     for (run, id, tool, input, code) in failures {
         let reply = env.call(run, id, tool, input).await;
-        let status = Code::parse(code).expect("code").status().as_u16();
+        let status = CodeName::parse(code).expect("code").status().as_u16();
         assert_error(&reply, status, code, Some(id));
     }
     // Neither a READY call nor an admin error is a failure.

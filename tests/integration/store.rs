@@ -19,12 +19,13 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use toolgate::clock;
 use toolgate::config::{Durability, StoreConfig, StoreKind};
-use toolgate::error::{Code, Result, SizeStage};
-use toolgate::projection::Evidence;
+use toolgate::error::{Code, CodeName, Result, SizeStage};
+use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
 use toolgate::store::redis::RedisStore;
 use toolgate::store::{
-    Budget, Finalized, NewRun, PreparedFinal, Record, RunState, RunView, Status, Store, facts,
+    Budget, Close, Evidence, Finalized, NewRun, PreparedFinal, Record, RunState, RunView, Status,
+    Store, facts,
 };
 
 use crate::support::redis_cluster::{self, RedisCluster};
@@ -191,7 +192,7 @@ pub fn new_run(
 ) -> NewRun {
     let created_ms = clock::now_ms();
     NewRun {
-        run_id: unique(tag),
+        run_id: run_id(tag),
         created_ms,
         deadline_ms: created_ms + timeout_ms,
         budget: Budget {
@@ -203,6 +204,21 @@ pub fn new_run(
     }
 }
 
+/// A fresh, unique run id.
+pub fn run_id(tag: &str) -> RunId {
+    RunId::from_string(unique(tag)).expect("a safe run id")
+}
+
+/// A tool-call id the test knows to be safe.
+pub fn call_id(id: &str) -> ToolCallId {
+    ToolCallId::parse(id).expect("a safe tool_call_id")
+}
+
+/// A tool name the test knows to be safe.
+pub fn tool_name(name: &str) -> ToolName {
+    ToolName::parse(name).expect("a safe tool name")
+}
+
 /// A run with room for anything a case does.
 fn roomy(tag: &str) -> NewRun {
     new_run(tag, 100, &[], 8 << 20, RUN_TIMEOUT)
@@ -211,9 +227,9 @@ fn roomy(tag: &str) -> NewRun {
 /// A PROJECTING record whose request holds numbers a JSON re-encoder would alter.
 pub fn projecting(run: &RunView, id: &str, tool: &str) -> Record {
     Record::projecting(
-        &run.run_id,
-        id,
-        tool,
+        run.run_id.clone(),
+        call_id(id),
+        tool_name(tool),
         json!({"q": "redis", "big": 9007199254740993u64, "f": 0.1, "s": "é\"}"}),
         run.created_ms,
     )
@@ -250,7 +266,7 @@ pub fn error(r: &Record, code: Code) -> Record {
         evidence_status: Some(Evidence::Error),
         raw_response: Value::Null,
         agent_result: Value::Null,
-        error_code: Some(code.as_str().to_string()),
+        error_code: Some(code.into()),
         upstream_status: None,
         updated_at: clock::rfc3339(clock::now_ms()),
         duration_ms: Some(5),
@@ -273,7 +289,7 @@ pub fn code<T: std::fmt::Debug>(r: Result<T>) -> Code {
     }
 }
 
-async fn run_of(store: &Arc<dyn Store>, run_id: &str) -> RunView {
+async fn run_of(store: &Arc<dyn Store>, run_id: &RunId) -> RunView {
     store
         .get_run(run_id)
         .await
@@ -288,14 +304,14 @@ async fn record_of(store: &Arc<dyn Store>, r: &Record) -> Option<(Record, u64)> 
         .expect("get_record")
 }
 
-async fn progress_ids(store: &Arc<dyn Store>, run_id: &str) -> Vec<String> {
+async fn progress_ids(store: &Arc<dyn Store>, run_id: &RunId) -> Vec<String> {
     store
         .progress(run_id)
         .await
         .expect("progress")
         .expect("the run exists")
         .into_iter()
-        .map(|(id, _)| id)
+        .map(|(id, _)| id.to_string())
         .collect()
 }
 
@@ -319,12 +335,12 @@ async fn create_and_get_run(h: &impl Harness) {
     assert_eq!(run_of(&store, &with_tools.run_id).await, created);
     assert_eq!(created.tools, with_tools.tools);
 
-    let unknown = unique("unknown");
+    let unknown = run_id("unknown");
     assert_eq!(store.get_run(&unknown).await.expect("get_run"), None);
     assert_eq!(store.progress(&unknown).await.expect("progress"), None);
     assert!(
         store
-            .get_record(&unknown, "call_1")
+            .get_record(&unknown, &call_id("call_1"))
             .await
             .expect("get_record")
             .is_none()
@@ -359,7 +375,7 @@ async fn close_run_to_ended_is_final(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("end")).await.expect("create");
     let ended = store
-        .close_run(&run.run_id, RunState::Ended)
+        .close_run(&run.run_id, Close::End)
         .await
         .expect("close")
         .expect("known run");
@@ -371,7 +387,7 @@ async fn close_run_to_ended_is_final(h: &impl Harness) {
             ..run.clone()
         }
     );
-    for to in [RunState::Cancelled, RunState::Ended] {
+    for to in [Close::Cancel, Close::End] {
         let again = store
             .close_run(&run.run_id, to)
             .await
@@ -380,12 +396,9 @@ async fn close_run_to_ended_is_final(h: &impl Harness) {
         assert_eq!(again.state, RunState::Ended, "closing {to:?} changed it");
     }
     assert_eq!(run_of(&store, &run.run_id).await.state, RunState::Ended);
-    let unknown = unique("unknown");
+    let unknown = run_id("unknown");
     assert_eq!(
-        store
-            .close_run(&unknown, RunState::Ended)
-            .await
-            .expect("close"),
+        store.close_run(&unknown, Close::End).await.expect("close"),
         None
     );
     assert_eq!(store.get_run(&unknown).await.expect("get_run"), None);
@@ -394,7 +407,7 @@ async fn close_run_to_ended_is_final(h: &impl Harness) {
 async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let run = store.create_run(roomy("cancel")).await.expect("create");
-    for to in [RunState::Cancelled, RunState::Cancelled, RunState::Ended] {
+    for to in [Close::Cancel, Close::Cancel, Close::End] {
         let view = store
             .close_run(&run.run_id, to)
             .await
@@ -466,7 +479,7 @@ async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) {
     );
     assert_eq!(store.get_run(&unknown.run_id).await.expect("get_run"), None);
 
-    for to in [RunState::Ended, RunState::Cancelled] {
+    for to in [Close::End, Close::Cancel] {
         let run = store.create_run(roomy("closed")).await.expect("create");
         store.close_run(&run.run_id, to).await.expect("close");
         let r = projecting(&run, "call_1", "search");
@@ -512,7 +525,7 @@ async fn reserve_checks_in_contract_order(h: &impl Harness) {
     );
     // Ended: inactive wins over everything.
     store
-        .close_run(&run.run_id, RunState::Ended)
+        .close_run(&run.run_id, Close::End)
         .await
         .expect("close");
     assert_eq!(
@@ -548,7 +561,7 @@ async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
         .await
         .expect("reserve");
     let second = Record {
-        tool: "fetch".into(),
+        tool: tool_name("fetch"),
         request: json!({"url": "https://example.org"}),
         ..first.clone()
     };
@@ -686,19 +699,11 @@ async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
     let bad = [
         ready(&good),
         Record {
-            tool_call_id: "bad id".into(),
-            ..good.clone()
-        },
-        Record {
-            tool_call_id: "".into(),
-            ..good.clone()
-        },
-        Record {
             evidence_status: Some(Evidence::Found),
             ..good.clone()
         },
         Record {
-            error_code: Some("TOOL_TIMEOUT".into()),
+            error_code: Some(Code::ToolTimeout.into()),
             ..good.clone()
         },
     ];
@@ -709,6 +714,9 @@ async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
             "{r:?}"
         );
     }
+    // A record with an unsafe id cannot be built at all: the id type refuses it.
+    assert!(ToolCallId::parse("bad id").is_none());
+    assert!(ToolCallId::parse("").is_none());
     assert!(record_of(&store, &good).await.is_none());
     assert_eq!(run_of(&store, &run.run_id).await.calls_used, 0);
 }
@@ -816,7 +824,7 @@ async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
             ..ready(&a)
         },
         Record {
-            error_code: Some("TOOL_TIMEOUT".into()),
+            error_code: Some(Code::ToolTimeout.into()),
             ..ready(&a)
         },
         Record {
@@ -825,10 +833,6 @@ async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
         },
         Record {
             evidence_status: Some(Evidence::Found),
-            ..error(&a, Code::ToolTimeout)
-        },
-        Record {
-            error_code: Some("NOT_A_CODE".into()),
             ..error(&a, Code::ToolTimeout)
         },
         Record {
@@ -854,6 +858,8 @@ async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
         Finalized::Written,
         "refused shapes left the record PROJECTING"
     );
+    // An unknown error code cannot be put into a record: the code type refuses it.
+    assert!(CodeName::parse("NOT_A_CODE").is_none());
 }
 
 async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
@@ -877,7 +883,10 @@ async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
     let (stored, _) = record_of(&store, &a).await.expect("exists");
     assert_eq!(stored.status, Status::Error);
     assert_eq!(stored.evidence_status, Some(Evidence::Error));
-    assert_eq!(stored.error_code.as_deref(), Some("RESULT_TOO_LARGE"));
+    assert_eq!(
+        stored.error_code.map(CodeName::as_str),
+        Some("RESULT_TOO_LARGE")
+    );
     assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
     assert_eq!(stored.request, a.request, "the request is kept");
     assert_eq!(stored.updated_at, big.updated_at);
@@ -928,7 +937,10 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     );
     let (stored, _) = record_of(&store, &b).await.expect("b exists");
     assert_eq!(stored.status, Status::Error);
-    assert_eq!(stored.error_code.as_deref(), Some("RESULT_TOO_LARGE"));
+    assert_eq!(
+        stored.error_code.map(CodeName::as_str),
+        Some("RESULT_TOO_LARGE")
+    );
     assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
     assert_eq!(
         run_of(&store, &run.run_id).await.record_bytes_used,
@@ -971,7 +983,10 @@ async fn progress_order_and_facts(h: &impl Harness) {
         .await
         .expect("progress")
         .expect("run");
-    let got: Vec<(String, Option<Record>)> = entries.clone();
+    let got: Vec<(String, Option<Record>)> = entries
+        .iter()
+        .map(|(id, r)| (id.to_string(), r.clone()))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -1025,7 +1040,7 @@ async fn facts_exclude_expired_records(h: &impl Harness) {
         .expect("progress")
         .expect("run");
     assert_eq!(entries.len(), 2);
-    assert_eq!(entries[0], ("a".to_string(), None), "a expired");
+    assert_eq!(entries[0], (call_id("a"), None), "a expired");
     assert_eq!(entries[1].0, "b");
     assert!(entries[1].1.is_some(), "b is alive");
     let f = facts(&run.run_id, entries);
@@ -1176,7 +1191,7 @@ async fn run_and_progress_outlive_records(h: &impl Harness) {
         .await
         .expect("progress")
         .expect("the run and its progress outlive the record");
-    assert_eq!(entries, vec![("a".to_string(), None)]);
+    assert_eq!(entries, vec![(call_id("a"), None)]);
     assert_eq!(facts(&run.run_id, entries).excluded, 1);
     h.advance(Duration::from_millis(2_100)).await;
     assert_eq!(store.get_run(&run.run_id).await.expect("get_run"), None);
@@ -1250,7 +1265,7 @@ async fn concurrent_reserves_never_overspend(h: &impl Harness) {
     let mut stored = 0;
     for i in 0..20 {
         if store
-            .get_record(&run.run_id, &format!("call_{i}"))
+            .get_record(&run.run_id, &call_id(&format!("call_{i}")))
             .await
             .expect("get_record")
             .is_some()

@@ -417,6 +417,8 @@ fn cluster_info(port: u16) -> String {
 pub fn poll(deadline: Instant, what: &str, mut ok: impl FnMut() -> bool) {
     while !ok() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        // Blocking code on its own thread (the cluster is spawned outside any runtime).
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(Duration::from_millis(50));
     }
 }

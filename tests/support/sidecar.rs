@@ -15,10 +15,10 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use toolgate::app::{self, Listeners, Options};
 use toolgate::auth::Tokens;
 use toolgate::config::Config;
 use toolgate::error::Result;
+use toolgate::listen::{self, Listeners, Options};
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 
@@ -67,9 +67,15 @@ impl Sidecar {
             config_path: Some(config_path.clone()),
             reload_interval: Duration::from_millis(100),
         };
-        let task = tokio::spawn(app::run(config, tokens, listeners, options, async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(listen::run(
+            config,
+            tokens,
+            listeners,
+            options,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let sidecar = Sidecar {
             agent,
             admin,

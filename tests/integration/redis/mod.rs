@@ -15,9 +15,11 @@ use redis::cluster_async::ClusterConnection;
 use toolgate::clock;
 use toolgate::config::Durability;
 use toolgate::error::Code;
-use toolgate::store::{Keys, RunState, RunView};
+use toolgate::store::{Close, Keys, RunView};
 
-use crate::store::{SUITE_TIMEOUT, code, connect, error, new_run, projecting, ready, redis_config};
+use crate::store::{
+    SUITE_TIMEOUT, call_id, code, connect, error, new_run, projecting, ready, redis_config,
+};
 use crate::support::redis_cluster::{self, RedisCluster};
 
 /// A direct cluster connection, to look at keys the way an operator would.
@@ -107,7 +109,7 @@ async fn keys_follow_the_contract_layout() {
     let keys = Keys {
         prefix: "tg-layout".into(),
     };
-    assert_eq!(keys.record(id, "call_abc"), record_key);
+    assert_eq!(keys.record(id, &call_id("call_abc")), record_key);
     assert_eq!(keys.run(id), run_key);
     assert_eq!(keys.progress(id), progress_key);
 }
@@ -171,7 +173,7 @@ async fn expiry_instants_never_move() {
         .await
         .expect("reserve");
     let after_reserve = clock::now_ms() as i64;
-    let record_key = keys.record(&run.run_id, "a");
+    let record_key = keys.record(&run.run_id, &call_id("a"));
     let record_at: i64 = q(&mut conn, &["PEXPIRETIME", &record_key]).await;
     assert!(
         (before_reserve + ttl as i64..=after_reserve + ttl as i64).contains(&record_at),
@@ -179,7 +181,10 @@ async fn expiry_instants_never_move() {
     );
 
     tokio::time::sleep(Duration::from_millis(20)).await;
-    store.get_record(&run.run_id, "a").await.expect("read");
+    store
+        .get_record(&run.run_id, &call_id("a"))
+        .await
+        .expect("read");
     store.get_run(&run.run_id).await.expect("read");
     store.progress(&run.run_id).await.expect("read");
     store.ping().await.expect("ping");
@@ -213,7 +218,7 @@ async fn expiry_instants_never_move() {
         .await
         .expect("finalize b");
     store
-        .close_run(&run.run_id, RunState::Ended)
+        .close_run(&run.run_id, Close::End)
         .await
         .expect("close");
     store.progress(&run.run_id).await.expect("read");
@@ -263,7 +268,7 @@ async fn a_record_expired_mid_call_leaves_no_key() {
         &mut conn,
         &[
             "EXISTS",
-            &keys.record(&run.run_id, "a"),
+            &keys.record(&run.run_id, &call_id("a")),
             &keys.progress(&run.run_id),
         ],
     )

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolgate::config::{Durability, StoreConfig, StoreKind};
 use toolgate::error::{Code, Result};
+use toolgate::ids::{RunId, ToolCallId};
 use toolgate::store::redis::RedisStore;
 use toolgate::store::{Finalized, Keys, Record, Status, Store};
 
 use super::lock;
-use crate::store::{connect, new_run, projecting, ready, redis_config};
+use crate::store::{call_id, connect, new_run, projecting, ready, redis_config};
 use crate::support::fake_tool::FakeTool;
 use crate::support::redis_cluster::{self, RedisCluster};
 use crate::support::sidecar::Sidecar;
@@ -118,7 +119,12 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
     assert_unavailable("reserve", timeout, store.reserve(&b, run.created_ms + 2)).await;
     assert_unavailable("finalize", timeout, store.finalize(&ready(&a), 1 << 20)).await;
     assert_unavailable("get_run", timeout, store.get_run(&run.run_id)).await;
-    assert_unavailable("get_record", timeout, store.get_record(&run.run_id, "a")).await;
+    assert_unavailable(
+        "get_record",
+        timeout,
+        store.get_record(&run.run_id, &call_id("a")),
+    )
+    .await;
     assert_unavailable("progress", timeout, store.progress(&run.run_id)).await;
     assert_unavailable("ping", timeout, store.ping()).await;
     assert_unavailable(
@@ -145,7 +151,7 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
         Finalized::Written
     );
     let (stored, _) = store
-        .get_record(&run.run_id, "c")
+        .get_record(&run.run_id, &call_id("c"))
         .await
         .expect("read")
         .expect("exists");
@@ -226,7 +232,7 @@ async fn frozen_cluster_fails_closed_and_recovers() {
 #[derive(Default)]
 struct Load {
     /// (run, tool_call_id) of every finalize answered `Written`: what an agent was told READY.
-    acked: Mutex<Vec<(String, String)>>,
+    acked: Mutex<Vec<(RunId, ToolCallId)>>,
     /// Finalizes (of any outcome) on runs of the shard that gets killed.
     victim_finalizes: AtomicUsize,
     stop: AtomicBool,
@@ -269,7 +275,7 @@ async fn killing_a_primary_loses_no_acknowledged_record() {
         );
     }
     let victim = cluster.primary_index_for_key(&keys.run(&runs[0].run_id));
-    let on_victim: BTreeSet<String> = runs
+    let on_victim: BTreeSet<RunId> = runs
         .iter()
         .filter(|r| cluster.primary_index_for_key(&keys.run(&r.run_id)) == victim)
         .map(|r| r.run_id.clone())
@@ -384,7 +390,7 @@ async fn killing_a_primary_loses_no_acknowledged_record() {
         .expect_err("no replica can acknowledge");
     assert_eq!(err.code, Code::StoreUnavailable, "{err}");
     let (stored, _): (Record, u64) = reader
-        .get_record(&run.run_id, "after-failover")
+        .get_record(&run.run_id, &call_id("after-failover"))
         .await
         .expect("read")
         .expect("exists");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use toolgate::config::Durability;
 use toolgate::error::Code;
+use toolgate::ids::ToolCallId;
 use toolgate::store::{Finalized, Keys, Status};
 
 use super::lock;
@@ -103,11 +104,11 @@ struct Failure {
 #[derive(Default)]
 struct Reshard {
     /// Ids whose reserve answered Ok.
-    reserved: Mutex<Vec<String>>,
+    reserved: Mutex<Vec<ToolCallId>>,
     /// Ids whose reserve answered an error (they may still have run: a lost reply).
-    unreserved: Mutex<Vec<String>>,
+    unreserved: Mutex<Vec<ToolCallId>>,
     /// Ids whose finalize answered `Written`: what an agent was told READY.
-    written: Mutex<Vec<String>>,
+    written: Mutex<Vec<ToolCallId>>,
     errors: Mutex<Vec<Failure>>,
     stop: AtomicBool,
 }
@@ -246,8 +247,8 @@ async fn a_slot_migration_under_load_is_survived() {
                 if load.stop.load(Ordering::Relaxed) {
                     break;
                 }
-                let id = format!("w{w}-{n}");
-                let r = projecting(&run, &id, "search");
+                let r = projecting(&run, &format!("w{w}-{n}"), "search");
+                let id = r.tool_call_id.clone();
                 let started = Instant::now();
                 match store.reserve(&r, run.created_ms + 1).await {
                     Ok(()) => lock(&load.reserved).push(id.clone()),
