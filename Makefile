@@ -14,14 +14,15 @@ ci:
 		$(MAKE) --no-print-directory "$$step"; \
 	done; printf '\n=== all green ===\n'
 
-# Debian packages (Redis, Prometheus, nginx, wrk, python3-venv) and the .venv of
+# Debian packages (Redis, Prometheus, nginx, wrk, shellcheck, python3-venv) and the .venv of
 # scripts/requirements.txt.
 deps:
 	scripts/install-deps.sh all
 
 lint:
-	scripts/install-deps.sh python
+	scripts/install-deps.sh lint
 	$${TOOLGATE_VENV:-.venv}/bin/ruff check scripts deploy bench
+	shellcheck -x scripts/*.sh bench/run.sh deploy/kind/e2e.sh .ci/run
 
 fmt:
 	cargo fmt --all -- --check

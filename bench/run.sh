@@ -35,8 +35,9 @@ export NGINX
 
 # --- build -------------------------------------------------------------------------------------
 cd "$ROOT"
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+TARGET_DIR=$(cargo_target_dir)
 if [[ " $* " == *" --callgrind "* ]]; then
     command -v valgrind >/dev/null 2>&1 || die "--callgrind needs valgrind (apt-get install valgrind)"
     # Line tables give file:function names; a target dir of its own keeps the normal build as is.
@@ -48,8 +49,8 @@ echo "bench: cargo build --release --locked --bin toolgate --example fake_tool -
 cargo build --release --locked --bin toolgate --example fake_tool --example redis_cluster
 TOOLGATE=$TARGET_DIR/release/toolgate
 TOOL=$TARGET_DIR/release/examples/fake_tool
-REDIS_CLUSTER=$TARGET_DIR/release/examples/redis_cluster
-[[ -x $TOOLGATE && -x $TOOL && -x $REDIS_CLUSTER ]] || die "built binaries not found under $TARGET_DIR/release"
+CLUSTER_BIN=$TARGET_DIR/release/examples/redis_cluster
+[[ -x $TOOLGATE && -x $TOOL && -x $CLUSTER_BIN ]] || die "built binaries not found under $TARGET_DIR/release"
 
 # --- run ---------------------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-bench.XXXXXX")
@@ -82,6 +83,6 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 python3 "$BENCH_DIR/bench.py" --toolgate "$TOOLGATE" --tool "$TOOL" --workdir "$WORK" \
-    --redis-cluster "$REDIS_CLUSTER" "$@" &
+    --redis-cluster "$CLUSTER_BIN" "$@" &
 DRIVER=$!
 wait "$DRIVER"

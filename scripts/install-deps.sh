@@ -5,6 +5,7 @@
 #   scripts/install-deps.sh monitoring   prometheus, promtool
 #   scripts/install-deps.sh bench        nginx, wrk, and the test group (Redis)
 #   scripts/install-deps.sh python       python3-venv, and .venv with scripts/requirements.txt
+#   scripts/install-deps.sh lint         shellcheck, and the python group (ruff)
 #   scripts/install-deps.sh [all]        every group
 #
 # Debian packages come from apt-get (as root, or through sudo); their services are kept from
@@ -23,10 +24,11 @@ need=()
 want_venv=""
 for group in "${groups[@]}"; do
     case $group in
-    all) set -- test monitoring bench python ;;
+    all) set -- test monitoring bench python lint ;;
+    lint) set -- lint python ;;
     test | monitoring | bench | python) set -- "$group" ;;
     *)
-        echo "usage: $0 [test|monitoring|bench|python|all]..." >&2
+        echo "usage: $0 [test|monitoring|bench|python|lint|all]..." >&2
         exit 64
         ;;
     esac
@@ -43,6 +45,9 @@ for group in "${groups[@]}"; do
         monitoring)
             command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 ||
                 need+=(prometheus)
+            ;;
+        lint)
+            command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)
             ;;
         python)
             python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the bash scripts (sourced, not run): the virtualenv, the example binaries, the fake
 # tool and the Redis Cluster, and stopping what a script started. Expects `set -euo pipefail`,
 # ROOT (the repository root) and a `die` function.
@@ -5,12 +6,19 @@
 # use_venv: installs the Python tools when missing and sets PY to the virtualenv's python.
 use_venv() {
     "$ROOT/scripts/install-deps.sh" python
+    # shellcheck disable=SC2034  # for the caller
     PY=${TOOLGATE_VENV:-$ROOT/.venv}/bin/python
 }
 
 # free_ports N: N free loopback ports, space-separated (the one port helper, scripts/ports.py).
 free_ports() {
     python3 "$ROOT/scripts/ports.py" "$1"
+}
+
+# cargo_target_dir: cargo's target directory (CARGO_TARGET_DIR or target/ of the repository).
+cargo_target_dir() {
+    (cd "$ROOT" && cargo metadata --format-version 1 --no-deps) |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
 }
 
 # example_bin NAME: the path of the example binary NAME (examples/NAME.rs), built in the debug
@@ -24,10 +32,7 @@ example_bin() {
         return
     fi
     (cd "$ROOT" && cargo build --quiet --locked --example "$name" >&2) || die "cargo build --example $name failed"
-    local target
-    target=$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps |
-        python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-    echo "$target/debug/examples/$name"
+    echo "$(cargo_target_dir)/debug/examples/$name"
 }
 
 # start_fake_tool PORT LOG: runs examples/fake_tool on 127.0.0.1:PORT and waits for its /healthz;
@@ -52,6 +57,7 @@ start_redis_cluster() {
         tail -n 40 "$log" >&2
         die "the Redis Cluster did not form"
     fi
+    # shellcheck disable=SC2034  # for the caller
     read -r -a REDIS_URLS <<<"$line"
 }
 
