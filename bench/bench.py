@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The benchmark driver behind bench/run.sh (which builds the binaries and installs the tools).
 
-Starts, all on 127.0.0.1: the fake tool (examples/bench_tool.rs), nginx as a plain reverse proxy in
-front of it, a six-node Redis Cluster, and one toolgate per store setup. Then drives every path
+Starts, all on 127.0.0.1: the fake tool (examples/fake_tool.rs, its /bench route), nginx as a plain
+reverse proxy in front of it, a six-node Redis Cluster (examples/redis_cluster.rs), and one
+toolgate per store setup. Then drives every path
 with wrk, interleaved round by round, and prints one table plus a JSON file. Standard library only.
 """
 
@@ -23,6 +24,9 @@ import urllib.request
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
+sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+from ports import free_port  # noqa: E402  (the scripts' one port helper)
+
 LUA = os.path.join(BENCH_DIR, "call.lua")
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -58,13 +62,17 @@ class Procs:
     def __init__(self, workdir):
         self.workdir = workdir
         self.children = []
-        self.redis_dirs = []  # (script, dir)
         self.pidfile = os.path.join(workdir, "pids")
 
-    def spawn(self, name, argv, env=None, cwd=None):
+    def spawn(self, name, argv, env=None, cwd=None, pipes=False):
+        """Start argv, logging to NAME.log; with pipes, its stdin and stdout are pipes to us."""
         log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=env, cwd=cwd)
+        if pipes:
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE,
+                                 env=env, cwd=cwd, text=True)
+        else:
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         log.close()
         self.children.append((name, p))
         with open(self.pidfile, "a") as f:
@@ -83,36 +91,8 @@ class Procs:
                 p.kill()
                 p.wait()
         self.children = []
-        for script, d in self.redis_dirs:
-            subprocess.run(["bash", script, "stop", d], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
-        self.redis_dirs = []
         # Everything is stopped: run.sh's backstop must not signal these (maybe reused) pids.
         open(self.pidfile, "w").close()
-
-
-def port_free(port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_redis_base():
-    """A base port with base..base+5 and their cluster bus ports (+10000) all free."""
-    for base in range(21000, 30000, 10):
-        if all(port_free(base + i) and port_free(base + i + 10000) for i in range(6)):
-            return base
-    raise Failure("no free port range for the Redis Cluster in 21000..30000")
 
 
 def wait_http(url, proc, what, timeout=30, headers=None):
@@ -169,7 +149,7 @@ def log_tail(workdir, name, lines=3):
             continue
         if isinstance(entry, dict) and entry.get("level") == "ERROR":
             return f"{entry.get('message', '')}: {entry.get('error', '')}".strip(": ")
-    return " | ".join(l.strip() for l in tail[-lines:])
+    return " | ".join(line.strip() for line in tail[-lines:])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,15 +216,12 @@ def commandstats(port):
     return stats
 
 
-def redis_pids(redis_dir):
+def redis_pids(ports):
     pids = []
-    for name in os.listdir(redis_dir):
-        if name.startswith("redis-") and name.endswith(".pid"):
-            try:
-                with open(os.path.join(redis_dir, name)) as f:
-                    pids.append(int(f.read().strip()))
-            except (OSError, ValueError):
-                pass
+    for port in ports:
+        m = re.search(r"^process_id:(\d+)", redis_cli(port, "info", "server"), re.M)
+        if m:
+            pids.append(int(m.group(1)))
     return pids
 
 
@@ -279,9 +256,9 @@ def failed_of(result):
 
 def start_tool(procs, tool_bin):
     port = free_port()
-    p = procs.spawn("bench_tool", [tool_bin, str(port), "1"])
-    wait_tcp(port, p, "bench_tool")
-    return {"port": port, "pid": p.pid, "url": f"http://127.0.0.1:{port}/"}
+    p = procs.spawn("fake_tool", [tool_bin, "--listen", f"127.0.0.1:{port}", "--threads", "1"])
+    wait_tcp(port, p, "fake_tool")
+    return {"port": port, "pid": p.pid, "url": f"http://127.0.0.1:{port}/bench"}
 
 
 def start_nginx(procs, workdir, tool_port):
@@ -323,10 +300,12 @@ http {{
     time.sleep(0.2)  # let the workers come up before counting them
     workers = child_pids(p.pid)
     return {"port": port, "pid": p.pid, "cpu_pids": workers, "rss_pids": [p.pid] + workers,
-            "url": f"http://127.0.0.1:{port}/", "workers": len(workers)}
+            "url": f"http://127.0.0.1:{port}/bench", "workers": len(workers)}
 
 
 def toolgate_config(ports, tool_url, store, redis_ports, record_ttl_ms):
+    listen = (f'listen: {{agent: "127.0.0.1:{ports["agent"]}", admin: "127.0.0.1:{ports["admin"]}", '
+              f'telemetry: "127.0.0.1:{ports["telemetry"]}"}}')
     if store == "memory":
         store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}}}"
     else:
@@ -334,7 +313,7 @@ def toolgate_config(ports, tool_url, store, redis_ports, record_ttl_ms):
         store_yaml = (f"store: {{kind: redis-cluster, nodes: [{nodes}], durability: {store}, "
                       f"record_ttl_ms: {record_ttl_ms}, timeout_ms: 500}}")
     return f"""# generated by bench/bench.py
-listen: {{agent: "127.0.0.1:{ports['agent']}", admin: "127.0.0.1:{ports['admin']}", telemetry: "127.0.0.1:{ports['telemetry']}"}}
+{listen}
 {store_yaml}
 runs: {{max_timeout_ms: 86400000}}
 tools:
@@ -378,16 +357,16 @@ def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_po
             "run_id": run_id, "token": body["run_token"], "ports": ports}, None
 
 
-def start_redis(procs, workdir, script):
-    d = os.path.join(workdir, "redis")
-    base = free_redis_base()
-    procs.redis_dirs.append((script, d))
-    r = subprocess.run(["bash", script, "start", d, str(base)], capture_output=True, text=True,
-                       timeout=120)
-    if r.returncode != 0:
-        raise Failure(f"Redis Cluster did not start: {r.stderr.strip()[-800:]}")
-    ports = [base + i for i in range(6)]
-    return {"ports": ports, "dir": d, "primaries": redis_primaries(ports)}
+def start_redis(procs, workdir, cluster_bin):
+    """examples/redis_cluster: it prints the node URLs once the cluster is healthy, and stops
+    the nodes on SIGTERM (Procs.stop_all) or when its stdin, a pipe from here, closes."""
+    p = procs.spawn("redis-cluster", [cluster_bin], pipes=True)
+    line = p.stdout.readline()
+    urls = line.split()
+    if len(urls) != 6 or not all(u.startswith("redis://127.0.0.1:") for u in urls):
+        raise Failure(f"Redis Cluster did not start: {log_tail(workdir, 'redis-cluster', 10)}")
+    ports = [int(u.rsplit(":", 1)[1]) for u in urls]
+    return {"ports": ports, "primaries": redis_primaries(ports), "pids": redis_pids(ports)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -422,7 +401,7 @@ def round_trips(path, redis, seconds, calls):
     try:
         # A marker in every monitor stream proves that it is attached before the calls start.
         deadline = time.time() + 10
-        for p, fname in zip(prim, files):
+        for p, fname in zip(prim, files, strict=True):
             while True:
                 redis_cli(p, "echo", "bench-monitor-start")
                 with open(fname) as fh:
@@ -492,13 +471,15 @@ def sequential_calls(path, n, prefix):
 
 def callgrind(args, procs, started):
     """Counts toolgate's instructions per call on one path under valgrind's callgrind."""
-    log = lambda msg: print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    def log(msg):
+        print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
     name = args.callgrind
     spec = next((p for p in PATHS if p["name"] == name and p["store"]), None)
     if spec is None:
         raise Failure(f"--callgrind takes a toolgate path, not {name!r}")
     tool = start_tool(procs, args.tool)
-    redis = start_redis(procs, args.workdir, args.redis_script) if spec["store"] != "memory" \
+    redis = start_redis(procs, args.workdir, args.redis_cluster) if spec["store"] != "memory" \
         else None
     out = os.path.join(args.workdir, "callgrind.out")
     wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
@@ -515,7 +496,7 @@ def callgrind(args, procs, started):
     log(f"{n} measured calls")
     bad += sequential_calls(tg, n, "cgm")
     before = set(os.listdir(args.workdir))
-    subprocess.run(["callgrind_control", f"--dump=measured", str(tg["pid"])], check=True,
+    subprocess.run(["callgrind_control", "--dump=measured", str(tg["pid"])], check=True,
                    capture_output=True)
     dump = None
     deadline = time.time() + 60
@@ -653,7 +634,7 @@ def print_table(report):
             str(r["requests"]["failed"]),
         ]
         print(" ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, (_, w)) in
-                       enumerate(zip(cells, cols))))
+                       enumerate(zip(cells, cols, strict=True))))
 
 
 def targets(report):
@@ -708,9 +689,10 @@ def print_targets(ts):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--toolgate", required=True, help="toolgate binary")
-    ap.add_argument("--tool", required=True, help="bench_tool binary")
+    ap.add_argument("--tool", required=True, help="fake_tool binary (examples/fake_tool.rs)")
     ap.add_argument("--workdir", required=True, help="scratch directory (logs, configs)")
-    ap.add_argument("--redis-script", required=True, help="redis-cluster.sh start/stop script")
+    ap.add_argument("--redis-cluster", required=True,
+                    help="redis_cluster binary (examples/redis_cluster.rs)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="JSON output (default bench/results/latest.json, "
                     "quick: bench/results/quick.json)")
@@ -773,10 +755,12 @@ def main():
 
 def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, wanted, started):
     workdir = args.workdir
-    log = lambda msg: print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    def log(msg):
+        print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
 
     tool = start_tool(procs, args.tool)
-    log(f"bench_tool on {tool['url']}")
+    log(f"fake_tool on {tool['url']}")
     paths = {}
     unavailable = {}
     if "direct" in wanted:
@@ -790,10 +774,10 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     redis = None
     need_redis = any(p["store"] in ("primary", "replica") and p["name"] in wanted for p in PATHS)
     if need_redis:
-        redis = start_redis(procs, workdir, args.redis_script)
+        redis = start_redis(procs, workdir, args.redis_cluster)
         log(f"Redis Cluster on 127.0.0.1:{redis['ports'][0]}..{redis['ports'][-1]}, "
             f"primaries {redis['primaries']}")
-    redis_cpu_pids = redis_pids(redis["dir"]) if redis else []
+    redis_cpu_pids = redis["pids"] if redis else []
     for spec in PATHS:
         if spec["store"] is None or spec["name"] not in wanted:
             continue
@@ -855,7 +839,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     report = {
         "schema": 1,
         "mode": "quick" if quick else "full",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": machine_info(),
         "settings": {
             "rounds": rounds, "throughput_seconds": tput_s, "throughput_connections": 32,
@@ -864,7 +848,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             "warmup_seconds": warm_s, "round_trip_calls": rt_calls,
             "nginx_worker_processes": f"auto ({paths['nginx']['workers']})"
             if "nginx" in paths else None,
-            "bench_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
+            "fake_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
             "toolgate_env": args.toolgate_env or [],
         },
         "paths": {},
@@ -916,9 +900,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             return None
         if key == "tput":
             xs, ys = a["throughput_rps"]["rounds"], b["throughput_rps"]["rounds"]
-            return median([x / y for x, y in zip(xs, ys) if y])
+            return median([x / y for x, y in zip(xs, ys, strict=False) if y])
         xs, ys = a["latency_ms"]["p99"]["rounds"], b["latency_ms"]["p99"]["rounds"]
-        return median([x - y for x, y in zip(xs, ys)])
+        return median([x - y for x, y in zip(xs, ys, strict=False)])
 
     for n, e in report["paths"].items():
         if e.get("unavailable"):
@@ -931,7 +915,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         a, d = report["paths"][n], report["paths"].get("direct")
         if d and not d.get("unavailable"):
             xs, ys = a["latency_ms"]["p50"]["rounds"], d["latency_ms"]["p50"]["rounds"]
-            e["ratios"]["p50_added_ms_vs_direct"] = median([x - y for x, y in zip(xs, ys)])
+            e["ratios"]["p50_added_ms_vs_direct"] = median([x - y for x, y in zip(xs, ys, strict=False)])
 
     report["failed_requests"] = total_failed
     report["targets"] = targets(report)

@@ -9,8 +9,9 @@
 #                           with file:function names (a separate build with line tables)
 #
 # Any other option goes to bench/bench.py (--help lists them). Installs nginx, wrk and Redis from
-# Debian's packages when they are missing, builds the release binaries with cargo (honouring
-# CARGO_TARGET_DIR), and stops every process it started however it ends.
+# Debian's packages when they are missing (scripts/install-deps.sh bench), builds the release
+# binaries with cargo (toolgate, and the examples fake_tool and redis_cluster; CARGO_TARGET_DIR is
+# honoured), and stops every process it started however it ends.
 set -euo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -22,41 +23,21 @@ die() {
 }
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 
 # --- tools -------------------------------------------------------------------------------------
-missing=()
-command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
-command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
-command -v python3 >/dev/null 2>&1 || missing+=(python3)
-if ((${#missing[@]})); then
-    command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and no apt-get to install them"
-    ((EUID == 0)) || die "missing ${missing[*]}: run scripts/install-deps.sh, or this script as root"
-    echo "bench: installing ${missing[*]}" >&2
-    # Keep the packages' own services (nginx on :80, redis on :6379) from starting on install.
-    policy_rc=/usr/sbin/policy-rc.d
-    added_policy=
-    if [[ ! -e $policy_rc ]]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy_rc" && chmod +x "$policy_rc" && added_policy=1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt_ok=1
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
-        apt_ok=
-    [[ -n $added_policy ]] && rm -f "$policy_rc"
-    [[ -n $apt_ok ]] || die "apt-get install ${missing[*]} failed"
-fi
+"$ROOT/scripts/install-deps.sh" bench || die "missing tools (scripts/install-deps.sh bench failed)"
+command -v python3 >/dev/null 2>&1 || die "python3 is required"
 NGINX=$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)
 export NGINX
 
 # --- build -------------------------------------------------------------------------------------
 cd "$ROOT"
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
+TARGET_DIR=$(cargo_target_dir)
 if [[ " $* " == *" --callgrind "* ]]; then
     command -v valgrind >/dev/null 2>&1 || die "--callgrind needs valgrind (apt-get install valgrind)"
     # Line tables give file:function names; a target dir of its own keeps the normal build as is.
@@ -64,14 +45,12 @@ if [[ " $* " == *" --callgrind "* ]]; then
     TARGET_DIR=$TARGET_DIR/profiling
     export CARGO_TARGET_DIR=$TARGET_DIR
 fi
-echo "bench: cargo build --release --locked --bin toolgate --example bench_tool" >&2
-cargo build --release --locked --bin toolgate --example bench_tool
+echo "bench: cargo build --release --locked --bin toolgate --example fake_tool --example redis_cluster" >&2
+cargo build --release --locked --bin toolgate --example fake_tool --example redis_cluster
 TOOLGATE=$TARGET_DIR/release/toolgate
-TOOL=$TARGET_DIR/release/examples/bench_tool
-[[ -x $TOOLGATE && -x $TOOL ]] || die "built binaries not found under $TARGET_DIR/release"
-
-REDIS_SCRIPT=$ROOT/scripts/redis-cluster.sh
-[[ -f $REDIS_SCRIPT ]] || die "missing $REDIS_SCRIPT (starts the Redis Cluster)"
+TOOL=$TARGET_DIR/release/examples/fake_tool
+CLUSTER_BIN=$TARGET_DIR/release/examples/redis_cluster
+[[ -x $TOOLGATE && -x $TOOL && -x $CLUSTER_BIN ]] || die "built binaries not found under $TARGET_DIR/release"
 
 # --- run ---------------------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-bench.XXXXXX")
@@ -90,9 +69,6 @@ cleanup() {
             kill -TERM "$pid" 2>/dev/null || true
         done <"$WORK/pids"
     fi
-    if [[ -d $WORK/redis ]]; then
-        bash "$REDIS_SCRIPT" stop "$WORK/redis" >/dev/null 2>&1 || true
-    fi
     # A failed run keeps its logs and configs; a clean or interrupted one leaves nothing.
     if [[ -n ${BENCH_KEEP_WORKDIR:-} ]] || ((rc == 1 || rc == 2)); then
         echo "bench: logs and configs kept in $WORK" >&2
@@ -107,6 +83,6 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 
 python3 "$BENCH_DIR/bench.py" --toolgate "$TOOLGATE" --tool "$TOOL" --workdir "$WORK" \
-    --redis-script "$REDIS_SCRIPT" "$@" &
+    --redis-cluster "$CLUSTER_BIN" "$@" &
 DRIVER=$!
 wait "$DRIVER"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# End-to-end test of toolgate on a kind cluster: build the image, create the cluster, run a Redis
-# Cluster and the sample tools, install the chart, run the sample agent Job (the webhook injects
-# the sidecar) and check the outcome. Exit 0 only when every check holds.
+# End-to-end test of toolgate on a kind cluster: build the image (its e2e target also holds the
+# fake tool, which serves as the sample tools), create the cluster, run a Redis Cluster and the
+# sample tools, install the chart, run the sample agent Job (the webhook injects the sidecar) and
+# check the outcome. Exit 0 only when every check holds.
 #
-# Needs Docker, kind, kubectl and helm on PATH, plus network access to pull redis:7,
-# python:3.12-slim, the kind node image and the Rust/distroless base images. It is not run by CI
-# (CI machines have no Docker engine); scripts/e2e-local.sh runs the same scenario without
+# Needs Docker, kind, kubectl, helm and python3 on PATH, plus network access to pull redis:7,
+# python:3.12-slim (the agent), the kind node image and the Rust/distroless base images. It is not
+# run by CI (CI machines have no Docker engine); scripts/e2e-local.sh runs the same scenario without
 # Kubernetes, and scripts/k8s-check.sh validates every manifest used here.
 #
 #   deploy/kind/e2e.sh                  # KEEP_CLUSTER=1 keeps the cluster after a pass
@@ -58,7 +59,7 @@ on_exit() {
 trap on_exit EXIT
 
 log "building $IMAGE"
-DOCKER_BUILDKIT=1 docker build -t "$IMAGE" "$ROOT"
+DOCKER_BUILDKIT=1 docker build --target e2e -t "$IMAGE" "$ROOT"
 
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "reusing kind cluster $CLUSTER"
@@ -68,10 +69,8 @@ fi
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 "${KUBECTL[@]}" apply -f deploy/kind/namespaces.yaml
-for pair in sample-tools:deploy/scenario/sample_tools.py scenario:deploy/scenario/scenario.py; do
-    "${KUBECTL[@]}" -n "$NS" create configmap "${pair%%:*}" --from-file="${pair#*:}" \
-        --dry-run=client -o yaml | "${KUBECTL[@]}" apply -f -
-done
+"${KUBECTL[@]}" -n "$NS" create configmap scenario --from-file=deploy/scenario/scenario.py \
+    --dry-run=client -o yaml | "${KUBECTL[@]}" apply -f -
 
 log "Redis Cluster"
 "${KUBECTL[@]}" apply -f deploy/kind/redis-cluster.yaml
@@ -108,25 +107,7 @@ pod_json=$("${KUBECTL[@]}" -n "$NS" get pod "$pod" -o json)
 agent_log=$("${KUBECTL[@]}" -n "$NS" logs "$pod" -c agent || true)
 while IFS= read -r line; do echo "  agent | $line" >&2; done <<<"$agent_log"
 
-injected() {
-    python3 - "$pod_json" <<'EOF'
-import json
-import sys
-
-pod = json.loads(sys.argv[1])
-spec = pod["spec"]
-first = (spec.get("initContainers") or [{}])[0]
-ok = (
-    first.get("name") == "toolgate"
-    and first.get("restartPolicy") == "Always"
-    and "serve" in (first.get("command") or []) + (first.get("args") or [])
-    and "/etc/toolgate/toolgate.yaml" in (first.get("command") or []) + (first.get("args") or [])
-    and pod["metadata"].get("annotations", {}).get("toolgate.dev/injected") == "true"
-    and not any(c["name"] == "toolgate" for c in spec["containers"])
-)
-sys.exit(0 if ok else 1)
-EOF
-}
+injected() { python3 deploy/kind/injected.py <<<"$pod_json"; }
 job_succeeded() { [[ $outcome == *Complete* ]]; }
 log_has() {
     local line
@@ -157,7 +138,7 @@ check "NO_EVIDENCE kept as a fact" log_has "ok   search nothing: READY NO_EVIDEN
 check "RESULT_TOO_LARGE at the raw and agent stages" log_has "ok   big (raw): 502 RESULT_TOO_LARGE" \
     "ok   wide (agent): 502 RESULT_TOO_LARGE"
 check "facts are the READY calls in order" log_has "ok   facts:"
-check "metrics scraped with SPEC names and labels" log_has "ok   metrics:"
+check "metrics with the expected names and labels" log_has "ok   metrics:"
 check "records durable in Redis Cluster" progress_in_redis
 check "Grafana dashboard ConfigMap installed" dashboard_present
 

@@ -2,9 +2,10 @@
 """End-to-end scenario against a running toolgate sidecar (standard library only).
 
 It plays both the harness (admin listener, admin token from TOOLGATE_ADMIN_TOKEN) and the agent
-(agent listener, run token), against the sample tools of sample_tools.py configured as `search`,
-`big`, `wide`, `fail` and `slow` (see toolgate-local.yaml). One line is printed per step; the first
-mismatch stops the run with a message and exit status 1.
+(agent listener, run token), against the fake tool's scenario routes (examples/fake_tool.rs,
+tests/support/fake_tool.rs) configured as `search`, `big`, `wide`, `fail` and `slow` (see
+toolgate-local.yaml). One line is printed per step; the first mismatch stops the run with a
+message and exit status 1.
 
     scenario.py --agent http://127.0.0.1:15001 --admin http://127.0.0.1:15002 \
                 --telemetry http://127.0.0.1:15090
@@ -266,7 +267,7 @@ class Scenario:
         got = [f.get("tool_call_id") for f in facts]
         want = [r[0] for r in self.ready]
         expect(got == want, f"{step}: facts {got} are not the READY calls {want} in order")
-        for fact, (call_id, tool, evidence, result) in zip(facts, self.ready):
+        for fact, (call_id, tool, evidence, result) in zip(facts, self.ready, strict=True):
             expect(fact.get("tool") == tool and fact.get("evidence_status") == evidence,
                    f"{step}: fact {call_id} is {short(fact)}")
             expect(fact.get("result") == result,
@@ -417,7 +418,7 @@ class Scenario:
                    f"metrics: unbounded tool label {tool!r}")
         expect(self.run_id not in text and self.first_search not in text,
                "metrics: a run or call id appears in the metrics")
-        self.ok("metrics", f"{len(samples)} samples; SPEC §8 names and labels present, no ids")
+        self.ok("metrics", f"{len(samples)} samples; the expected names and labels, no ids")
 
 
 SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")

@@ -2,63 +2,35 @@
 """Checks for toolgate's monitoring assets, used by scripts/monitoring-check.sh.
 
 Subcommands:
-  static      validate the Grafana dashboard, the alert rules and the runbook; write every PromQL
+  static      validate the Grafana dashboard, the alert rules and the runbook; parse every PromQL
               expression (dashboard panels, template variables, alert rules and their operands)
-              to a JSON file, and a rules file that lets `promtool check rules` parse them offline
+              and write them, with their series selectors, to a JSON file, plus a rules file that
+              lets `promtool check rules` parse them offline
   render      write the temporary toolgate and Prometheus configs for the end-to-end check
-  wait-http   poll a URL until it answers 200
   wait-query  poll Prometheus until an expression returns series
-  query       run every extracted expression against a live Prometheus and report
-  free-ports  print N free loopback TCP ports
+  query       check the selectors against the metric families a running toolgate exposes, then run
+              every extracted expression against a live Prometheus and report
 
-Needs PyYAML only for `static` and `render`; the rest is standard library.
+Expressions are parsed by `promql_parser` (a PromQL parser, from PyPI) for their structure
+(selectors, alert operands); Prometheus itself is the judge of validity: promtool parses them
+offline, the query API refuses an invalid one, and `query` checks that Prometheus formats each
+expression exactly as it formats the parser's rendering of it, so both read it alike.
+The metric families are not listed here: `query` reads them from toolgate's /metrics.
 """
 
 import argparse
 import json
 import re
-import socket
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
-# SPEC §8 metrics by their contract name, with their labels. Histograms are exported as
-# `_bucket`, `_sum` and `_count` series.
-METRICS = {
-    "toolgate_invocations_total": ("counter", {"tool", "status", "evidence_status"}),
-    "toolgate_preflight_rejections_total": ("counter", {"tool", "code"}),
-    "toolgate_result_too_large_total": ("counter", {"tool", "stage"}),
-    "toolgate_failures_total": ("counter", {"layer", "code"}),
-    "toolgate_invocation_duration_seconds": ("histogram", {"tool", "status"}),
-    "toolgate_upstream_duration_seconds": ("histogram", {"tool"}),
-    "toolgate_store_operation_duration_seconds": ("histogram", {"op"}),
-    "toolgate_store_errors_total": ("counter", {"op"}),
-    "toolgate_invocations_in_flight": ("gauge", {"tool"}),
-    "toolgate_config_reloads_total": ("counter", {"result"}),
-}
-
-
-def exported_names():
-    """Exported series name → (family, labels)."""
-    names = {}
-    for family, (kind, labels) in METRICS.items():
-        if kind == "histogram":
-            for suffix in ("_bucket", "_sum", "_count"):
-                names[family + suffix] = (family, labels)
-        else:
-            names[family] = (family, labels)
-    return names
-
-
-EXPORTED = exported_names()
 SEVERITIES = {"critical", "warning", "info"}
 # Grafana variables → values that select everything, for querying outside Grafana.
-VARIABLES = {
-    "namespace": ".*",
-    "pod": ".*",
-    "tool": ".*",
+LABEL_VARIABLES = {"namespace": ".*", "pod": ".*", "tool": ".*"}
+OTHER_VARIABLES = {
     "__rate_interval": "1m",
     "__interval": "15s",
     "__range": "1h",
@@ -66,6 +38,9 @@ VARIABLES = {
     "__range_ms": "3600000",
     "__interval_ms": "15000",
 }
+# The dashboard's filters: every toolgate selector in a panel carries these matchers (the tool
+# one only when its family has a tool label).
+PANEL_FILTERS = {"namespace": "$namespace", "pod": "$pod", "tool": "$tool"}
 
 
 class Failures:
@@ -94,114 +69,108 @@ def load_yaml(path):
 
 
 # ---------------------------------------------------------------------------------------------
-# PromQL helpers (just enough lexing to find selectors and top-level operators).
+# PromQL: Grafana variables, and the structure the parser gives.
 
 
-def substitute(expr):
-    """Replace Grafana variables ($name, ${name}, ${name:fmt}) with select-everything values."""
+def substitute(expr, keep_labels=False):
+    """Replace Grafana variables ($name, ${name}, ${name:fmt}) with select-everything values.
+
+    keep_labels leaves the label variables ($namespace, $pod, $tool) as they are: inside a
+    quoted matcher value they are plain text to PromQL, so the dashboard's filters can be read
+    off the parsed selectors.
+    """
 
     def repl(m):
         name = m.group(1) or m.group(2)
-        if name not in VARIABLES:
-            raise ValueError(f"unknown variable ${name}")
-        return VARIABLES[name]
+        if name in LABEL_VARIABLES:
+            return m.group(0) if keep_labels else LABEL_VARIABLES[name]
+        if name in OTHER_VARIABLES:
+            return OTHER_VARIABLES[name]
+        raise ValueError(f"unknown variable ${name}")
 
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)", repl, expr)
 
 
-def mask_strings(expr):
-    """Same length as expr, with the insides of quoted strings blanked out."""
-    out, i = list(expr), 0
-    while i < len(expr):
-        quote = expr[i]
-        if quote in "\"'`":
-            j = i + 1
-            while j < len(expr) and expr[j] != quote:
-                j += 2 if expr[j] == "\\" and quote != "`" else 1
-            for k in range(i + 1, min(j, len(expr))):
-                out[k] = " "
-            i = j
-        i += 1
-    return "".join(out)
+def promql():
+    try:
+        import promql_parser
+    except ImportError:
+        sys.exit("check.py: promql_parser is needed (scripts/monitoring-check.sh sets up .venv with it)")
+    return promql_parser
 
 
-def selectors(expr):
-    """Yield (metric name, matcher text or None) for every toolgate_* series selector."""
-    masked = mask_strings(expr)
-    for m in re.finditer(r"(?<![\w:])(toolgate_[A-Za-z0-9_:]*)", masked):
-        name = m.group(1)
-        rest = masked[m.end():]
-        gap = len(rest) - len(rest.lstrip())
-        if rest[gap:gap + 1] == "{":
-            close = rest.index("}", gap)
-            yield name, expr[m.end() + gap + 1: m.end() + close]
-        else:
-            yield name, None
+def parse(expr):
+    """(AST, None) or (None, parse error)."""
+    try:
+        return promql().parse(expr), None
+    except ValueError as e:
+        return None, str(e)
 
 
-IDENT = re.compile(r"[A-Za-z0-9_:]")
+def match_op(op):
+    p = promql()
+    for known, text in ((p.MatchOp.Equal, "="), (p.MatchOp.NotEqual, "!="), (p.MatchOp.Re, "=~"),
+                        (p.MatchOp.NotRe, "!~")):
+        if op == known:
+            return text
+    raise ValueError(f"unknown matcher operator {op!r}")
 
 
-def strip_parens(expr):
-    expr = expr.strip()
-    while expr.startswith("(") and expr.endswith(")"):
-        depth, masked = 0, mask_strings(expr)
-        for i, c in enumerate(masked):
-            depth += c in "([{"
-            depth -= c in ")]}"
-            if depth == 0 and i < len(expr) - 1:
-                return expr
-        expr = expr[1:-1].strip()
-    return expr
+def selectors(ast):
+    """Every vector selector: {"name": metric name or "", "matchers": [[label, op, value]]}."""
+    p = promql()
+    found = []
+
+    def visit(node):
+        if isinstance(node, p.VectorSelector):
+            ms = [[m.name, match_op(m.op), m.value] for m in node.matchers.matchers
+                  if m.name != "__name__"]
+            for alternative in node.matchers.or_matchers or []:
+                ms += [[m.name, match_op(m.op), m.value] for m in alternative]
+            found.append({"name": node.name or "", "matchers": ms})
+
+    p.walk(ast, visit)
+    return found
 
 
-def split_top(expr, ops):
-    """Split expr at top-level binary operators from ops (word or symbol operators)."""
-    masked = mask_strings(expr)
-    parts, depth, start, i = [], 0, 0, 0
-    while i < len(masked):
-        c = masked[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0:
-            for op in ops:
-                if not masked.startswith(op, i):
-                    continue
-                if op[0].isalpha():
-                    before = masked[i - 1] if i else " "
-                    after = masked[i + len(op)] if i + len(op) < len(masked) else " "
-                    if IDENT.match(before) or IDENT.match(after):
-                        continue
-                elif op in (">", "<") and masked[i + 1: i + 2] == "=":
-                    continue
-                parts.append(expr[start:i])
-                start = i + len(op)
-                i = start - 1
-                break
-        i += 1
-    parts.append(expr[start:])
-    return parts
+# Binary operators an alert expression is split at: its operands are queried one by one.
+SPLIT_OPS = {"or", "and", "unless", "==", "!=", ">=", "<=", ">", "<"}
 
 
-MODIFIER = re.compile(r"^\s*(bool\b)?\s*((on|ignoring)\s*\([^)]*\))?\s*((group_left|group_right)\s*(\([^)]*\))?)?")
-
-
-def operands(expr):
+def operands(ast):
     """The vector operands of an alert expression: split at or, and/unless and comparisons."""
-    expr = strip_parens(expr)
-    for ops in (("or",), ("and", "unless"), ("==", "!=", ">=", "<=", ">", "<")):
-        parts = split_top(expr, ops)
-        if len(parts) > 1:
-            out = []
-            for part in parts:
-                part = MODIFIER.sub("", part, count=1)
-                out.extend(operands(part))
-            return out
-    if re.fullmatch(r"[-+]?[0-9.eE+]+", expr):
+    p = promql()
+    while isinstance(ast, p.ParenExpr):
+        ast = ast.expr
+    if isinstance(ast, p.BinaryExpr) and str(ast.op) in SPLIT_OPS:
+        return operands(ast.lhs) + operands(ast.rhs)
+    if isinstance(ast, p.NumberLiteral):
         return []
-    return [expr]
+    return [ast]
+
+
+def unwrap(ast):
+    p = promql()
+    while isinstance(ast, p.ParenExpr):
+        ast = ast.expr
+    return ast
+
+
+def expression(source, kind, expr, fails, where, label_expr=None, **extra):
+    """One entry of the JSON list: the query text, the parser's rendering, the selectors."""
+    ast, err = parse(expr)
+    if err:
+        fails.add(where, f"does not parse: {err}: {expr}")
+        return None, None
+    sel_ast = ast
+    if label_expr is not None:
+        sel_ast, err = parse(label_expr)
+        if err:
+            fails.add(where, f"does not parse with its variables: {err}")
+            return None, None
+    entry = {"source": source, "kind": kind, "expr": expr, "rendered": str(ast),
+             "selectors": selectors(sel_ast), **extra}
+    return entry, ast
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,19 +209,24 @@ def check_dashboard(path, fails, exprs):
             fails.add(f"variable {name}", "datasource must be ${datasource}")
         q = v.get("query")
         q = q.get("query") if isinstance(q, dict) else q
+        # label_values(...) is Grafana's templating syntax around a PromQL selector.
         m = re.fullmatch(r"\s*label_values\((.+),\s*(\w+)\s*\)\s*", q or "")
         if not m or not m.group(1).strip().startswith("toolgate_invocations_total") or m.group(2) != name:
-            fails.add(f"variable {name}", f"expected label_values(toolgate_invocations_total…, {name}), got {q!r}")
+            fails.add(f"variable {name}",
+                      f"expected label_values(toolgate_invocations_total…, {name}), got {q!r}")
             continue
         if v.get("includeAll") and v.get("allValue") != ".*":
             fails.add(f"variable {name}", 'allValue must be ".*" so "All" also matches')
         try:
-            exprs.append({"source": f"variable {name}", "kind": "variable",
-                          "expr": f"group by ({name}) ({substitute(m.group(1).strip())})"})
+            expr = f"group by ({name}) ({substitute(m.group(1).strip())})"
         except ValueError as e:
             fails.add(f"variable {name}", str(e))
+            continue
+        entry, _ = expression(f"variable {name}", "variable", expr, fails, f"variable {name}")
+        if entry:
+            exprs.append(entry)
 
-    ids, boxes, used = set(), [], set()
+    ids, boxes = set(), []
     for p in walk_panels(dash.get("panels", [])):
         title = p.get("title") or f"panel {p.get('id')}"
         pw = f"panel {title!r}"
@@ -286,30 +260,15 @@ def check_dashboard(path, fails, exprs):
                 continue
             if (t.get("datasource") or {}).get("uid") not in (None, "${datasource}"):
                 fails.add(tw, "datasource must be ${datasource}")
-            found = False
-            for name, matchers in selectors(raw):
-                found = True
-                if name not in EXPORTED:
-                    fails.add(tw, f"{name} is not a metric of SPEC §8")
-                    continue
-                family, labels = EXPORTED[name]
-                used.add(family)
-                need = ['namespace=~"$namespace"', 'pod=~"$pod"']
-                if "tool" in labels:
-                    need.append('tool=~"$tool"')
-                have = [s.strip() for s in (matchers or "").split(",")]
-                for n in need:
-                    if n not in have:
-                        fails.add(tw, f"{name} selector lacks {n}")
-            if not found:
-                fails.add(tw, "queries no toolgate metric")
             try:
-                exprs.append({"source": f"{title} [{t.get('refId')}]", "kind": "panel",
-                              "expr": substitute(raw)})
+                expr, labelled = substitute(raw), substitute(raw, keep_labels=True)
             except ValueError as e:
                 fails.add(tw, str(e))
-    for family in sorted(set(METRICS) - used):
-        fails.add(where, f"no panel shows {family}")
+                continue
+            entry, _ = expression(f"{title} [{t.get('refId')}]", "panel", expr, fails, tw,
+                                  label_expr=labelled)
+            if entry:
+                exprs.append(entry)
 
 
 def runbook_anchors(path):
@@ -356,15 +315,17 @@ def check_rules(rules_path, tests_path, runbook_path, fails, exprs):
             elif m.group(1) not in anchors:
                 fails.add(w, f"runbook has no section #{m.group(1)}")
             expr = str(rule.get("expr") or "").strip()
-            for sel, _ in selectors(expr):
-                if sel not in EXPORTED:
-                    fails.add(w, f"{sel} is not a metric of SPEC §8")
-            exprs.append({"source": f"alert {name}", "kind": "alert", "alert": name, "expr": expr})
-            ops = operands(expr)
-            if len(ops) > 1 or (ops and ops[0] != strip_parens(expr)):
+            entry, ast = expression(f"alert {name}", "alert", expr, fails, w, alert=name)
+            if not entry:
+                continue
+            exprs.append(entry)
+            ops = operands(ast)
+            if len(ops) > 1 or (ops and str(ops[0]) != str(unwrap(ast))):
                 for i, op in enumerate(ops, 1):
-                    exprs.append({"source": f"alert {name} operand {i}", "kind": "operand",
-                                  "alert": name, "expr": op})
+                    sub, _ = expression(f"alert {name} operand {i}", "operand", str(op), fails,
+                                        f"{w} operand {i}", alert=name)
+                    if sub:
+                        exprs.append(sub)
     sections = runbook_alert_sections(runbook_path)
     for name in sorted(sections - set(alerts)):
         fails.add("runbook", f"section {name} has no alert")
@@ -392,14 +353,18 @@ def cmd_static(args):
     alerts = check_rules(args.rules, args.rule_tests, args.runbook, fails, exprs)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(exprs, f, indent=1)
-    # JSON is YAML: one recording rule per expression lets promtool parse them all offline.
-    rules = [{"record": f"monitoring_check:expr_{i}", "expr": e["expr"]} for i, e in enumerate(exprs)]
+    # JSON is YAML: one recording rule per expression (as written, and as the parser renders
+    # it) lets promtool parse them all offline.
+    rules = []
+    for i, e in enumerate(exprs):
+        rules.append({"record": f"monitoring_check:expr_{i}", "expr": e["expr"]})
+        rules.append({"record": f"monitoring_check:rendered_{i}", "expr": e["rendered"]})
     with open(args.promtool_rules, "w", encoding="utf-8") as f:
         json.dump({"groups": [{"name": "extracted", "rules": rules}]}, f, indent=1)
     counts = {}
     for e in exprs:
         counts[e["kind"]] = counts.get(e["kind"], 0) + 1
-    print(f"static: {len(exprs)} expressions extracted "
+    print(f"static: {len(exprs)} expressions parsed "
           f"({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}); {len(alerts)} alerts")
     return 0 if fails.report("static checks") else 1
 
@@ -446,7 +411,7 @@ def cmd_render(args):
 
 
 # ---------------------------------------------------------------------------------------------
-# wait-http, free-ports
+# toolgate's metric families
 
 
 def http_get(url, timeout=5.0):
@@ -454,22 +419,103 @@ def http_get(url, timeout=5.0):
         return resp.status, resp.read()
 
 
-def cmd_wait_http(args):
-    deadline = time.monotonic() + args.timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            status, _ = http_get(args.url, timeout=2)
-            if status == 200:
-                return 0
-            last = f"HTTP {status}"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except (OSError, ValueError) as e:
-            last = str(e)
-        time.sleep(0.2)
-    print(f"wait-http: {args.url} not 200 after {args.timeout}s ({last})", file=sys.stderr)
-    return 1
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+\S+")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')
+# The series each family type is exported as (text format and OpenMetrics).
+SUFFIXES = {
+    "counter": ["_total", "_created"],
+    "histogram": ["_bucket", "_sum", "_count", "_created"],
+    "summary": ["", "_sum", "_count", "_created"],
+    "gauge": [""],
+    "info": ["_info"],
+    "stateset": [""],
+    "gaugehistogram": ["_bucket", "_gsum", "_gcount"],
+    "unknown": [""],
+    "untyped": [""],
+}
+
+
+def read_families(url):
+    """{family: {"type", "series": set of exported names, "labels": set}} from `# TYPE` lines."""
+    _, body = http_get(url)
+    families, series = {}, {}
+    for line in body.decode().splitlines():
+        m = re.match(r"#\s*TYPE\s+(\S+)\s+(\S+)", line)
+        if m:
+            name, kind = m.groups()
+            names = {name + s for s in SUFFIXES.get(kind, [""])}
+            if kind == "counter" and name.endswith("_total"):
+                names.add(name)  # the text format names a counter family with its suffix
+            families[name] = {"type": kind, "series": names, "labels": set()}
+            for n in names:
+                series[n] = name
+            continue
+        m = SAMPLE.match(line)
+        if m and m.group(1) in series:
+            labels = set(LABEL.findall(m.group(2) or "")) - {"le", "quantile"}
+            families[series[m.group(1)]]["labels"] |= labels
+    return families
+
+
+def check_selectors(exprs, families, fails):
+    """Selector names are toolgate's series, panels filter as the dashboard's variables say,
+    and every family is shown by a panel."""
+    series = {n: fam for fam, f in families.items() for n in f["series"]}
+    used = set()
+    for e in exprs:
+        w = e["source"]
+        own = [s for s in e["selectors"] if s["name"].startswith("toolgate_")]
+        if e["kind"] == "panel" and not own:
+            fails.add(w, "queries no toolgate metric")
+        for s in own:
+            fam = series.get(s["name"])
+            if fam is None:
+                fails.add(w, f"{s['name']} is not a series toolgate exports (its /metrics)")
+                continue
+            if e["kind"] != "panel":
+                continue
+            used.add(fam)
+            need = ["namespace", "pod"] + (["tool"] if "tool" in families[fam]["labels"] else [])
+            have = {(label, op, value) for label, op, value in s["matchers"]}
+            for label in need:
+                if (label, "=~", PANEL_FILTERS[label]) not in have:
+                    fails.add(w, f'{s["name"]} selector lacks {label}=~"{PANEL_FILTERS[label]}"')
+    for fam in sorted(f for f in families if f.startswith("toolgate_")):
+        if fam not in used:
+            fails.add("dashboard", f"no panel shows {fam} ({families[fam]['type']})")
+    return used
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus
+
+
+def prom_query(base, expr):
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        _, body = http_get(url, timeout=10)
+    except urllib.error.HTTPError as e:
+        body = e.read()
+    doc = json.loads(body)
+    if doc.get("status") != "success":
+        return None, f"{doc.get('errorType')}: {doc.get('error')}"
+    data = doc["data"]
+    if data["resultType"] in ("vector", "matrix"):
+        return data["result"], None
+    return [{"metric": {}, "value": data["result"]}], None  # scalar or string
+
+
+def prom_format(base, expr):
+    """Prometheus' own formatting of expr (its parser's canonical text), or None, error."""
+    url = f"{base}/api/v1/format_query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        _, body = http_get(url, timeout=10)
+    except urllib.error.HTTPError as e:
+        body = e.read()
+    doc = json.loads(body)
+    if doc.get("status") != "success":
+        return None, f"{doc.get('errorType')}: {doc.get('error')}"
+    return doc["data"], None
 
 
 def cmd_wait_query(args):
@@ -490,18 +536,6 @@ def cmd_wait_query(args):
         time.sleep(0.5)
     print(f"wait-query: {args.expr}: {last} after {args.timeout}s", file=sys.stderr)
     return 1
-
-
-def cmd_free_ports(args):
-    socks = []
-    for _ in range(args.n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    print(" ".join(str(s.getsockname()[1]) for s in socks))
-    for s in socks:
-        s.close()
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,21 +561,6 @@ RELOAD_ALLOWED = ("toolgate_config_reloads_total", "the config reload step was s
 MUST_NOT_ALERT = ["ToolgateStoreUnavailable", "ToolgateStoreErrors", "ToolgateUnknownFailureLayer"]
 
 
-def prom_query(base, expr):
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        _, body = http_get(url, timeout=10)
-    except urllib.error.HTTPError as e:
-        body = e.read()
-    doc = json.loads(body)
-    if doc.get("status") != "success":
-        return None, f"{doc.get('errorType')}: {doc.get('error')}"
-    data = doc["data"]
-    if data["resultType"] in ("vector", "matrix"):
-        return data["result"], None
-    return [{"metric": {}, "value": data["result"]}], None  # scalar or string
-
-
 def allowed_empty(e, reload_done):
     if e["kind"] == "alert" and e["alert"] in ALLOWED_EMPTY_ALERTS:
         return ALLOWED_EMPTY_ALERTS[e["alert"]]
@@ -557,6 +576,29 @@ def cmd_query(args):
     with open(args.exprs, encoding="utf-8") as f:
         exprs = json.load(f)
     base = args.prometheus.rstrip("/")
+    fails = Failures()
+
+    families = read_families(args.metrics)
+    own = sorted(f for f in families if f.startswith("toolgate_"))
+    print(f"  toolgate exposes {len(own)} metric families: {', '.join(own)}")
+    used = check_selectors(exprs, families, fails)
+    print(f"  the dashboard shows {len(used)} of them")
+    # The parser that found the selectors and operands must read each expression as Prometheus
+    # does: Prometheus formats the original and the parser's rendering to the same text.
+    agreed = 0
+    for e in exprs:
+        a, err_a = prom_format(base, e["expr"])
+        b, err_b = prom_format(base, e["rendered"])
+        if err_a or err_b:
+            fails.add(e["source"], f"Prometheus refuses it: {err_a or err_b}")
+        elif a != b:
+            fails.add(e["source"], f"the parser read it otherwise than Prometheus: {a!r} vs {b!r}")
+        else:
+            agreed += 1
+    print(f"  Prometheus formats {agreed} of {len(exprs)} expressions as the parser reads them")
+    if not fails.report("selectors and parsing"):
+        return 1
+
     deadline = time.monotonic() + args.timeout
     while True:
         results, invalid, missing = [], [], []
@@ -651,23 +693,15 @@ def main():
     s.add_argument("--upstream", action="append", help="OLD=NEW rewrite of tool upstream URLs")
     s.set_defaults(fn=cmd_render)
 
-    s = sub.add_parser("wait-http")
-    s.add_argument("url")
-    s.add_argument("--timeout", type=float, default=30)
-    s.set_defaults(fn=cmd_wait_http)
-
     s = sub.add_parser("wait-query")
     s.add_argument("--prometheus", required=True)
     s.add_argument("expr")
     s.add_argument("--timeout", type=float, default=30)
     s.set_defaults(fn=cmd_wait_query)
 
-    s = sub.add_parser("free-ports")
-    s.add_argument("n", type=int)
-    s.set_defaults(fn=cmd_free_ports)
-
     s = sub.add_parser("query")
     s.add_argument("--prometheus", required=True)
+    s.add_argument("--metrics", required=True, help="toolgate's /metrics URL (its metric families)")
     s.add_argument("--exprs", required=True)
     s.add_argument("--timeout", type=float, default=60, help="seconds to wait for series to appear")
     s.add_argument("--reload-done", action="store_true", help="a rejected and an applied reload happened")

@@ -1,5 +1,14 @@
-//! In-process fake tool services served by hyper, one route per behaviour the tests need.
+//! Fake tool services served by hyper, one route per behaviour a test needs. The integration
+//! tests run it in process ([`FakeTool::start`]); `examples/fake_tool.rs` runs it as a process for
+//! the scripts: the end-to-end scenario, the monitoring check, the benchmark and the kind test.
 //! Every answer that the agent must never see carries [`RAW_MARKER`].
+//!
+//! Besides the routes the integration tests use, it serves:
+//!
+//! - `GET /healthz`: 200, for readiness probes;
+//! - `/bench`: the same ~1 KiB `{"results": [5 items]}` for every request, not recorded, so a
+//!   benchmark measures the proxy in front of it and not the tool;
+//! - `/scenario/*`: the tools of `deploy/scenario/scenario.py` (see [`scenario_answer`]).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -46,9 +55,14 @@ pub struct FakeTool {
 
 impl FakeTool {
     pub async fn start() -> FakeTool {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        FakeTool::start_on("127.0.0.1:0".parse().expect("loopback address")).await
+    }
+
+    /// [`Self::start`] on a given address (port 0: any free port; [`FakeTool::addr`] tells which).
+    pub async fn start_on(addr: SocketAddr) -> FakeTool {
+        let listener = TcpListener::bind(addr)
             .await
-            .expect("bind fake tool");
+            .unwrap_or_else(|e| panic!("bind fake tool on {addr}: {e}"));
         let tool = FakeTool {
             addr: listener.local_addr().expect("addr"),
             seen: Arc::default(),
@@ -61,6 +75,7 @@ impl FakeTool {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                let _ = stream.set_nodelay(true);
                 let t = t.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
@@ -100,7 +115,15 @@ impl FakeTool {
 
     async fn answer(&self, req: Request<Incoming>) -> Response<FakeBody> {
         let path = req.uri().path().to_string();
-        let headers = req
+        if path == "/bench" {
+            // Drain the request so keep-alive connections stay usable; its content does not matter.
+            let _ = req.into_body().collect().await;
+            return bench_answer();
+        }
+        if path == "/healthz" && req.method() == hyper::Method::GET {
+            return json(200, json!({"ok": true}));
+        }
+        let headers: HashMap<String, String> = req
             .headers()
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
@@ -112,6 +135,16 @@ impl FakeTool {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         let input: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if let Some(route) = path.strip_prefix("/scenario/") {
+            let answer = scenario_answer(route, &input, &headers).await;
+            self.seen.lock().expect("lock").push(Seen {
+                path,
+                headers,
+                body: input,
+                body_text: String::from_utf8_lossy(&bytes).to_string(),
+            });
+            return answer;
+        }
         self.seen.lock().expect("lock").push(Seen {
             path: path.clone(),
             headers,
@@ -156,6 +189,91 @@ impl FakeTool {
             _ => json(404, json!({"error": "no route"})),
         }
     }
+}
+
+/// How long `/scenario/slow` takes: over the 1 s timeout the scenario configs give that tool.
+pub const SCENARIO_SLOW: Duration = Duration::from_secs(3);
+
+/// The scenario's tools (`deploy/scenario/toolgate-*.yaml`), each answering a POSTed JSON object:
+///
+/// - `search`: `{"results": [7 items of title, url, snippet, extra]}`, an empty list when `q` is
+///   `"nothing"`; each `extra` echoes the forwarded `X-Run-Id`, `X-Tool-Call-Id` and
+///   `traceparent`, so the canonical record shows them while the agent's projection drops them;
+/// - `big`: about 2 MiB of JSON (over a 1 MiB `raw_bytes`);
+/// - `wide`: about 64 KiB of JSON (within `raw_bytes`, over a small `agent_bytes`);
+/// - `fail`: HTTP 500 with a body holding [`RAW_MARKER`];
+/// - `slow`: answers like `search` after [`SCENARIO_SLOW`].
+async fn scenario_answer(
+    route: &str,
+    input: &Value,
+    headers: &HashMap<String, String>,
+) -> Response<FakeBody> {
+    if !input.is_object() {
+        return json(400, json!({"error": "input is not a JSON object"}));
+    }
+    let search = |input: &Value| {
+        let q = input.get("q").and_then(Value::as_str).unwrap_or_default();
+        if q == "nothing" {
+            return json!({"results": []});
+        }
+        let echo = json!({
+            "run_id": headers.get("x-run-id"),
+            "tool_call_id": headers.get("x-tool-call-id"),
+            "traceparent": headers.get("traceparent"),
+        });
+        let items: Vec<Value> = (1..=7)
+            .map(|i| {
+                json!({
+                    "title": format!("Result {i} for {q}"),
+                    "url": format!("https://example.com/{i}"),
+                    "snippet": format!("Snippet {i} about {q}."),
+                    "extra": {"rank": i, "internal_score": 1.0 / f64::from(i), "request": echo},
+                })
+            })
+            .collect();
+        json!({ "results": items })
+    };
+    match route {
+        "search" => json(200, search(input)),
+        "big" => json(200, json!({"blob": "x".repeat(2 << 20)})),
+        "wide" => json(
+            200,
+            json!({"rows": (0..525).map(|i| json!({"id": i, "text": "w".repeat(100)})).collect::<Vec<_>>()}),
+        ),
+        "fail" => text(
+            500,
+            format!("internal error: database password leaked {RAW_MARKER}\n"),
+        ),
+        "slow" => {
+            tokio::time::sleep(SCENARIO_SLOW).await;
+            json(200, search(input))
+        }
+        _ => json(404, json!({"error": "no such tool"})),
+    }
+}
+
+/// The benchmark's fixed answer: five search-like items, about 1 KiB of compact JSON.
+fn bench_answer() -> Response<FakeBody> {
+    static DOCUMENT: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| {
+        let items: Vec<Value> = (1..=5)
+            .map(|i| {
+                json!({
+                    "title": format!("Result {i}: toolgate benchmark document"),
+                    "url": format!("https://docs.example.test/bench/articles/{i:04}"),
+                    "snippet": format!(
+                        "Item {i} of a fixed answer used to measure the proxy in front of the tool."
+                    ),
+                    "score": 1.0 / f64::from(i),
+                })
+            })
+            .collect();
+        Bytes::from(json!({ "results": items }).to_string())
+    });
+    let mut r = Response::new(FakeBody::Full(Some(body.clone())));
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().expect("ct"));
+    r
 }
 
 fn json(status: u16, v: Value) -> Response<FakeBody> {

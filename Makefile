@@ -1,0 +1,49 @@
+# The checks CI runs, one target each: `.ci/run` is `make ci`, so a target here is exactly what CI
+# runs for it. Any target runs alone too (`make e2e`); the checks that need the toolgate binary
+# build it first. TOOLGATE_BIN (default target/debug/toolgate) is passed on to the scripts.
+SHELL := /bin/bash
+export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
+
+CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e bench-quick
+
+.PHONY: ci $(CI_STEPS)
+
+ci:
+	@set -e; for step in $(CI_STEPS); do \
+		printf '\n=== make %s ===\n' "$$step"; \
+		$(MAKE) --no-print-directory "$$step"; \
+	done; printf '\n=== all green ===\n'
+
+# Debian packages (Redis, Prometheus, nginx, wrk, shellcheck, python3-venv) and the .venv of
+# scripts/requirements.txt.
+deps:
+	scripts/install-deps.sh all
+
+lint:
+	scripts/install-deps.sh lint
+	$${TOOLGATE_VENV:-.venv}/bin/ruff check scripts deploy bench
+	shellcheck -x scripts/*.sh bench/run.sh deploy/kind/e2e.sh .ci/run
+
+fmt:
+	cargo fmt --all -- --check
+
+clippy:
+	cargo clippy --locked --all-targets -- -D warnings
+
+test:
+	scripts/test.sh
+
+build:
+	cargo build --locked --bin toolgate --example fake_tool --example redis_cluster
+
+k8s: build
+	scripts/k8s-check.sh
+
+monitoring: build
+	scripts/monitoring-check.sh
+
+e2e: build
+	scripts/e2e-local.sh
+
+bench-quick:
+	bench/run.sh --quick
