@@ -17,17 +17,13 @@ mod redis_cluster;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::signal::unix::{SignalKind, signal};
 
 /// A fresh directory for the nodes (the spawner removes it when the cluster stops).
 fn temp_dir(tag: &str) -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("toolgate-{tag}-{}-{nanos}", std::process::id()));
+    let at = toolgate::clock::now_ms();
+    let dir = std::env::temp_dir().join(format!("toolgate-{tag}-{}-{at}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
 }
