@@ -264,6 +264,8 @@ pub struct Tool {
     /// `Authorization: Bearer <upstream_token_file>`, sent to this tool's upstream only. Marked
     /// sensitive, and left out of `Debug`, so it is never logged.
     pub upstream_auth: Option<hyper::header::HeaderValue>,
+    /// Where that token is read from (watched for rotation; the path is not secret).
+    pub upstream_token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Tool {
@@ -548,6 +550,7 @@ impl RawTool {
             },
             description: self.description.unwrap_or_default(),
             upstream_auth,
+            upstream_token_file: self.upstream_token_file,
         })
     }
 }
@@ -638,6 +641,61 @@ mod tests {
         assert_eq!(a.limits.raw_bytes, DEFAULT_LIMITS.raw_bytes);
         assert_eq!(c.policy.max_request_bytes, 500);
         assert!(a.read_only);
+    }
+
+    #[test]
+    fn mcp_and_credential_keys() {
+        let dir = std::env::temp_dir().join(format!("toolgate-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "s3cret-upstream-token\n").unwrap();
+        let c = Config::parse(&format!(
+            "tools:\n  - {{name: docs, upstream: 'http://x/mcp', protocol: mcp, read_only: true, description: Docs., upstream_token_file: {}}}\n  - {{name: plain, upstream: 'http://x/', remote_name: r}}",
+            token.display()
+        ))
+        .unwrap_err();
+        assert!(c.0.starts_with("tools[1].remote_name"), "{c}");
+        let c = Config::parse(&format!(
+            "tools:\n  - {{name: docs, upstream: 'http://x/mcp', protocol: mcp, read_only: true, description: Docs., upstream_token_file: {}}}",
+            token.display()
+        ))
+        .expect("valid");
+        let docs = c.policy.tool("docs").expect("docs");
+        assert_eq!(
+            docs.protocol,
+            Protocol::Mcp {
+                remote_name: "docs".into()
+            }
+        );
+        assert_eq!(docs.description, "Docs.");
+        let auth = docs.upstream_auth.as_ref().expect("auth");
+        assert_eq!(auth.to_str().unwrap(), "Bearer s3cret-upstream-token");
+        assert!(auth.is_sensitive());
+        assert!(
+            !format!("{docs:?}").contains("s3cret"),
+            "Debug shows the token"
+        );
+        for (yaml, key) in [
+            (
+                "tools: [{name: a, upstream: 'http://x/', protocol: grpc}]",
+                "tools[0].protocol",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', upstream_token_file: /nonexistent/t}]",
+                "tools[0].upstream_token_file",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err();
+            assert!(e.0.starts_with(key), "{yaml}: {e}");
+        }
+        let empty = dir.join("empty");
+        std::fs::write(&empty, " \n").unwrap();
+        let e = Config::parse(&format!(
+            "tools: [{{name: a, upstream: 'http://x/', upstream_token_file: {}}}]",
+            empty.display()
+        ))
+        .unwrap_err();
+        assert!(!e.0.contains("s3cret") && e.0.contains("empty"), "{e}");
     }
 
     #[test]
