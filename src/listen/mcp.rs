@@ -26,8 +26,9 @@ use serde_json::{Map, Value, json};
 
 use super::http;
 use crate::body::{ReadError, read_capped};
-use crate::call::{self, Answer, Form, Incoming, McpCall, Received, State};
+use crate::call::{self, Form, Incoming, McpCall, Received, Shown, State};
 use crate::error::{Code, Error};
+use crate::ids::ToolCallId;
 use crate::metrics::{McpMethod, Outcome};
 
 /// The handshake revisions toolgate answers, newest first.
@@ -109,6 +110,8 @@ enum Era {
 enum Reply {
     /// A JSON-RPC result (its HTTP status is 200).
     Result(Value),
+    /// A READY tool result, already serialized: the agent result is spliced in as it was sized.
+    Ready(Vec<u8>),
     Error(RpcError, Option<Value>),
     /// A notification: 202, no body.
     Accepted,
@@ -275,7 +278,7 @@ async fn dispatch(
         ("ping", Era::Handshake) => Reply::Result(json!({})),
         ("server/discover", _) => Reply::Result(discover()),
         ("tools/list", _) => tools_list(state, headers).await,
-        ("tools/call", _) => tools_call(state, headers, request, body).await,
+        ("tools/call", _) => tools_call(state, era, headers, request, body).await,
         _ => Reply::Error(RpcError::MethodNotFound, None),
     }
 }
@@ -407,7 +410,13 @@ async fn tools_list(state: &State, headers: &HeaderMap) -> Reply {
 }
 
 /// `tools/call`: the call pipeline, its answer as an MCP tool result.
-async fn tools_call(state: &State, headers: &HeaderMap, request: &Rpc, body: &Bytes) -> Reply {
+async fn tools_call(
+    state: &State,
+    era: Era,
+    headers: &HeaderMap,
+    request: &Rpc,
+    body: &Bytes,
+) -> Reply {
     let Some(params) = request.params() else {
         return Reply::Error(RpcError::InvalidParams, None);
     };
@@ -439,43 +448,54 @@ async fn tools_call(state: &State, headers: &HeaderMap, request: &Rpc, body: &By
         body: Received::Complete(body.clone()),
     };
     let answer = call::handle(state, incoming).await;
-    match answer.result {
+    let id = answer.tool_call_id.as_ref();
+    match &answer.result {
         Err(Error {
             code: code @ (Code::Unauthenticated | Code::RequestTooLarge),
             ..
-        }) => Reply::Http(code),
-        _ => Reply::Result(tool_result(answer)),
+        }) => Reply::Http(*code),
+        Ok(shown) => Reply::Ready(ready_result(era, id, shown)),
+        Err(e) => Reply::Result(error_result(id, e)),
     }
 }
 
-/// A READY answer as `structuredContent` (and its compact JSON as text); an error as an
-/// `isError` result carrying the error body.
-fn tool_result(answer: Answer) -> Value {
-    let id = answer.tool_call_id.as_ref().map(|i| i.as_str());
-    match answer.result {
-        Ok(shown) => {
-            let text = String::from_utf8_lossy(&shown.result_json).into_owned();
-            let structured: Value =
-                serde_json::from_slice(&shown.result_json).unwrap_or(Value::Null);
-            json!({
-                "content": [{"type": "text", "text": text}],
-                "structuredContent": structured,
-                "isError": false,
-                "_meta": {TOOL_CALL_ID_KEY: id, EVIDENCE_KEY: shown.evidence.as_str()},
-            })
-        }
-        Err(e) => {
-            let body: Value =
-                serde_json::from_slice(&crate::error::body(answer.tool_call_id.as_ref(), e.code))
-                    .unwrap_or(Value::Null);
-            json!({
-                "content": [{"type": "text", "text": format!("{}: {}", e.code.as_str(), e.code.message())}],
-                "structuredContent": body,
-                "isError": true,
-                "_meta": {TOOL_CALL_ID_KEY: id},
-            })
-        }
+/// A READY answer: the agent result as `structuredContent` and, as the revisions ask, its
+/// compact JSON as text. Written around the bytes whose size was checked, not re-serialized.
+fn ready_result(era: Era, id: Option<&ToolCallId>, shown: &Shown) -> Vec<u8> {
+    let text =
+        serde_json::to_string(&String::from_utf8_lossy(&shown.result_json)).unwrap_or_default();
+    let mut meta = json!({
+        TOOL_CALL_ID_KEY: id.map(ToolCallId::as_str),
+        EVIDENCE_KEY: shown.evidence.as_str(),
+    });
+    if era == Era::Stateless {
+        meta[SERVER_INFO_KEY] = server_info();
     }
+    let meta = meta.to_string();
+    let mut out = Vec::with_capacity(shown.result_json.len() + text.len() + meta.len() + 128);
+    out.extend_from_slice(br#"{"content":[{"type":"text","text":"#);
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(br#"}],"structuredContent":"#);
+    out.extend_from_slice(&shown.result_json);
+    out.extend_from_slice(br#","isError":false,"_meta":"#);
+    out.extend_from_slice(meta.as_bytes());
+    if era == Era::Stateless {
+        out.extend_from_slice(br#","resultType":"complete""#);
+    }
+    out.push(b'}');
+    out
+}
+
+/// An error as an `isError` result carrying the error body, so the model sees the code.
+fn error_result(id: Option<&ToolCallId>, e: &Error) -> Value {
+    let body: Value =
+        serde_json::from_slice(&crate::error::body(id, e.code)).unwrap_or(Value::Null);
+    json!({
+        "content": [{"type": "text", "text": format!("{}: {}", e.code.as_str(), e.code.message())}],
+        "structuredContent": body,
+        "isError": true,
+        "_meta": {TOOL_CALL_ID_KEY: id.map(ToolCallId::as_str)},
+    })
 }
 
 /// An HTTP-level refusal (no valid token, body over the cap): the error body, counted like the
@@ -511,6 +531,17 @@ fn respond(
         Reply::Http(code) => {
             state.metrics.mcp_request(method, Outcome::Error);
             return http_refusal(code);
+        }
+        Reply::Ready(result) => {
+            state.metrics.mcp_request(method, Outcome::Ok);
+            let id = serde_json::to_vec(&id).unwrap_or_default();
+            let mut out = Vec::with_capacity(result.len() + id.len() + 32);
+            out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+            out.extend_from_slice(&id);
+            out.extend_from_slice(br#","result":"#);
+            out.extend_from_slice(&result);
+            out.push(b'}');
+            return http::bytes(StatusCode::OK, out);
         }
         Reply::Result(mut result) => {
             let outcome = if result.get("isError") == Some(&Value::Bool(true)) {
