@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::error::Role;
 use crate::ids::ToolName;
 
 pub use watch::{LivePolicy, Reload};
@@ -44,6 +45,22 @@ struct RawConfig {
     runs: RawRuns,
     #[serde(default)]
     tools: Vec<RawTool>,
+    #[serde(default)]
+    paths: RawPaths,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPaths {
+    workspace: Option<String>,
+    home: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    allow_hosts: Option<Vec<String>>,
+    deny_private: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,6 +124,9 @@ struct RawTool {
     upstream_token_file: Option<PathBuf>,
     protocol: Option<String>,
     remote_name: Option<String>,
+    params: Option<std::collections::BTreeMap<String, String>>,
+    read_roots: Option<Vec<String>>,
+    network: Option<RawNetwork>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -247,6 +267,86 @@ pub enum Protocol {
     Mcp { remote_name: String },
 }
 
+/// One declared argument role: where in the input (a JSON Pointer whose `*` segments match
+/// every element of an array) and what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    /// The pointer as written, for logs.
+    pub pointer: String,
+    pub segments: Vec<Segment>,
+    pub role: Role,
+}
+
+/// One segment of a [`Param`] pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Key(String),
+    /// `*`: every element of an array.
+    Each,
+}
+
+/// What a tool's `network_target` arguments may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    /// Hosts exempt from the address rule (the list restricts nothing).
+    pub allow_hosts: Vec<HostPattern>,
+    /// Refuse hosts that are, or resolve to, loopback, private, link-local and the like.
+    pub deny_private: bool,
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            allow_hosts: Vec::new(),
+            deny_private: true,
+        }
+    }
+}
+
+/// An `allow_hosts` entry: lowercase, trailing dot dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    Exact(String),
+    /// `*.example.com`, kept as `.example.com`: every subdomain, not the domain itself.
+    Subdomains(String),
+}
+
+impl HostPattern {
+    /// Whether `host` (as the URL parser serialized it) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        match self {
+            HostPattern::Exact(h) => host == *h,
+            HostPattern::Subdomains(suffix) => host.len() > suffix.len() && host.ends_with(suffix),
+        }
+    }
+}
+
+/// The `workspace` and `home` a run's paths are judged against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPaths {
+    pub workspace: String,
+    pub home: String,
+}
+
+impl Default for RunPaths {
+    fn default() -> RunPaths {
+        RunPaths {
+            workspace: "/workspace".into(),
+            home: "/home/agent".into(),
+        }
+    }
+}
+
+/// A run's `workspace` or `home`: absolute, normalized, and not `/`.
+pub fn run_path(value: &str) -> Option<String> {
+    if !value.starts_with('/') || value.contains('\0') {
+        return None;
+    }
+    let path = crate::paths::normalize(value);
+    (path != "/").then_some(path)
+}
+
 /// One configured tool, with its schema compiled and its limits resolved.
 pub struct Tool {
     pub name: ToolName,
@@ -266,6 +366,11 @@ pub struct Tool {
     pub upstream_auth: Option<hyper::header::HeaderValue>,
     /// Where that token is read from (watched for rotation; the path is not secret).
     pub upstream_token_file: Option<PathBuf>,
+    /// Argument roles, checked at preflight step 9b.
+    pub params: Vec<Param>,
+    /// Absolute, normalized roots a path may also be in, besides the run's workspace.
+    pub read_roots: Vec<String>,
+    pub network: Network,
 }
 
 impl std::fmt::Debug for Tool {
@@ -286,6 +391,8 @@ pub struct Policy {
     pub tools: HashMap<ToolName, Arc<Tool>>,
     /// The read cap for a request body whose tool is not known yet: the largest limit + 1.
     pub max_request_bytes: u64,
+    /// Defaults for runs created while this policy is live.
+    pub paths: RunPaths,
 }
 
 impl Policy {
@@ -440,9 +547,99 @@ impl RawConfig {
                 runs,
                 tools,
                 max_request_bytes,
+                paths: self.paths.validate()?,
             }),
         })
     }
+}
+
+impl RawPaths {
+    fn validate(self) -> Result<RunPaths, ConfigError> {
+        let defaults = RunPaths::default();
+        let path = |key: &str, v: Option<String>, default: String| match v {
+            None => Ok(default),
+            Some(v) => {
+                run_path(&v).ok_or_else(|| bad(key, "must be an absolute path other than /"))
+            }
+        };
+        Ok(RunPaths {
+            workspace: path("paths.workspace", self.workspace, defaults.workspace)?,
+            home: path("paths.home", self.home, defaults.home)?,
+        })
+    }
+}
+
+impl RawNetwork {
+    fn validate(self, key: &str) -> Result<Network, ConfigError> {
+        let mut allow_hosts = Vec::new();
+        for (i, host) in self.allow_hosts.unwrap_or_default().into_iter().enumerate() {
+            let entry_key = format!("{key}.allow_hosts[{i}]");
+            let lower = host.trim_end_matches('.').to_ascii_lowercase();
+            let pattern = match lower.strip_prefix("*.") {
+                Some(domain) => HostPattern::Subdomains(format!(".{domain}")),
+                None => HostPattern::Exact(lower.clone()),
+            };
+            let name = lower.trim_start_matches("*.");
+            let plain = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b));
+            if !plain || name.contains('*') {
+                return Err(bad(
+                    &entry_key,
+                    "must be a host name, an IP literal, or *.domain",
+                ));
+            }
+            allow_hosts.push(pattern);
+        }
+        Ok(Network {
+            allow_hosts,
+            deny_private: self.deny_private.unwrap_or(true),
+        })
+    }
+}
+
+/// A `params` key: a JSON Pointer (RFC 6901) into the input, `*` for every array element.
+fn param(key: &str, pointer: &str, role: &str) -> Result<Param, ConfigError> {
+    let role = match role {
+        "path" => Role::Path,
+        "source_path" => Role::SourcePath,
+        "network_target" => Role::NetworkTarget,
+        other => {
+            return Err(bad(
+                key,
+                format!("{other:?} is not one of path, source_path, network_target"),
+            ));
+        }
+    };
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(bad(key, "must be a JSON Pointer starting with /"));
+    };
+    let mut segments = Vec::new();
+    for raw in rest.split('/') {
+        if raw == "*" {
+            segments.push(Segment::Each);
+            continue;
+        }
+        let mut segment = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '~' => match chars.next() {
+                    Some('0') => segment.push('~'),
+                    Some('1') => segment.push('/'),
+                    _ => return Err(bad(key, "has a ~ that is not ~0 or ~1")),
+                },
+                c => segment.push(c),
+            }
+        }
+        segments.push(Segment::Key(segment));
+    }
+    Ok(Param {
+        pointer: pointer.to_string(),
+        segments,
+        role,
+    })
 }
 
 impl RawStore {
@@ -530,6 +727,21 @@ impl RawTool {
                 ));
             }
         };
+        let mut params = Vec::new();
+        for (pointer, role) in self.params.unwrap_or_default() {
+            params.push(param(&key(&format!("params.{pointer}")), &pointer, &role)?);
+        }
+        let mut read_roots = Vec::new();
+        for (n, root) in self.read_roots.unwrap_or_default().into_iter().enumerate() {
+            if !root.starts_with('/') || root.contains('\0') {
+                return Err(bad(
+                    &key(&format!("read_roots[{n}]")),
+                    "must be an absolute path",
+                ));
+            }
+            read_roots.push(crate::paths::normalize(&root));
+        }
+        let network = self.network.unwrap_or_default().validate(&key("network"))?;
         let upstream_auth = match &self.upstream_token_file {
             None => None,
             Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
@@ -551,6 +763,9 @@ impl RawTool {
             description: self.description.unwrap_or_default(),
             upstream_auth,
             upstream_token_file: self.upstream_token_file,
+            params,
+            read_roots,
+            network,
         })
     }
 }

@@ -13,6 +13,7 @@ use super::http;
 use crate::body::read_capped;
 use crate::call::State;
 use crate::clock;
+use crate::config::{RunPaths, run_path};
 use crate::error::{Code, Error, Result};
 use crate::ids::{RunId, ToolCallId};
 use crate::store::{self, Budget, Close, NewRun, RunState, RunView};
@@ -93,6 +94,8 @@ struct CreateRun {
     tools: Option<Vec<String>>,
     #[serde(default)]
     budget: BudgetInput,
+    workspace: Option<String>,
+    home: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -110,7 +113,17 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
     let input: CreateRun =
         serde_json::from_slice(&body).map_err(|e| Error::with_cause(Code::InvalidInput, e))?;
     let run_id = run_id(&input.run_id)?;
-    let runs = state.policy.get().runs;
+    let policy = state.policy.get();
+    let runs = policy.runs;
+    let path = |v: Option<String>, default: &String| match v {
+        None => Ok(default.clone()),
+        Some(v) => run_path(&v)
+            .ok_or_else(|| Error::with_cause(Code::InvalidInput, "workspace or home not absolute")),
+    };
+    let paths = RunPaths {
+        workspace: path(input.workspace, &policy.paths.workspace)?,
+        home: path(input.home, &policy.paths.home)?,
+    };
     let timeout_ms = input.timeout_ms.unwrap_or(runs.default_timeout_ms);
     if timeout_ms == 0 || timeout_ms > runs.max_timeout_ms {
         return Err(Error::with_cause(
@@ -132,6 +145,7 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
                 .unwrap_or(runs.default_max_record_bytes),
         },
         tools: input.tools,
+        paths,
     };
     let view = state.store.create_run(run).await?;
     state.runs.put(&view);
@@ -179,5 +193,7 @@ fn run_json(run: &RunView) -> Value {
         "record_bytes_used": run.record_bytes_used,
         "budget": run.budget,
         "tools": run.tools,
+        "workspace": run.workspace,
+        "home": run.home,
     })
 }

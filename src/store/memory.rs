@@ -300,6 +300,7 @@ mod tests {
                 max_record_bytes: 1 << 20,
             },
             tools: None,
+            paths: Default::default(),
         };
         store.create_run(run).await.unwrap();
         for id in ["a", "b", "c"] {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use toolgate::clock;
-use toolgate::config::{Durability, StoreConfig, StoreKind};
+use toolgate::config::{Durability, RunPaths, StoreConfig, StoreKind};
 use toolgate::error::{Code, CodeName, Result, SizeStage};
 use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
@@ -201,6 +201,7 @@ pub fn new_run(
             max_record_bytes,
         },
         tools: None,
+        paths: RunPaths::default(),
     }
 }
 
