@@ -124,3 +124,45 @@ mod tests {
         assert!(!contains(WS, &c("~/.cache/x").unwrap()));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Path-like strings: segments of letters, dots, tildes and slashes, so `.`, `..`, `~`,
+    /// empty segments and prefix tricks all come up often.
+    fn raw_path() -> impl Strategy<Value = String> {
+        proptest::string::string_regex("(/|~/|~)?([a-c.~]{0,3}/{1,2}){0,6}[a-c.]{0,3}")
+            .expect("a valid regex")
+    }
+
+    const WS: &str = "/workspace/run-42";
+    const HOME: &str = "/home/agent";
+    const ROOT: &str = "/usr/share/doc";
+
+    proptest! {
+        #[test]
+        fn canonical_paths_are_absolute_normalized_and_idempotent(raw in raw_path()) {
+            prop_assume!(!raw.is_empty());
+            let path = canonical(&raw, WS, HOME).expect("non-empty, no NUL");
+            prop_assert!(path.starts_with('/'));
+            prop_assert!(path == "/" || !path.ends_with('/'));
+            prop_assert!(!path.contains("//"));
+            prop_assert!(!path.split('/').any(|s| s == "." || s == ".."));
+            prop_assert_eq!(canonical(&path, WS, HOME), Ok(path.clone()));
+            prop_assert_eq!(normalize(&path), path);
+        }
+
+        #[test]
+        fn containment_is_exactly_being_under_a_root(raw in raw_path()) {
+            prop_assume!(!raw.is_empty());
+            let path = canonical(&raw, WS, HOME).expect("canonical");
+            for root in [WS, ROOT] {
+                let under = path == root || path.starts_with(&format!("{root}/"));
+                prop_assert_eq!(contains(root, &path), under, "{} in {}", path, root);
+            }
+        }
+    }
+}
