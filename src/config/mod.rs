@@ -839,6 +839,32 @@ mod tests {
                 "tools: [{name: a, upstream: 'http://x/'}, {name: a, upstream: 'http://y/'}]",
                 "tools[1].name",
             ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {/x: file}}]",
+                "tools[0].params./x",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {x: path}}]",
+                "tools[0].params.x",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {/a~2: path}}]",
+                "tools[0].params./a~2",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_roots: [usr/share]}]",
+                "tools[0].read_roots[0]",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', network: {allow_hosts: ['a b']}}]",
+                "tools[0].network.allow_hosts[0]",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', network: {allow_hosts: ['a.*.com']}}]",
+                "tools[0].network.allow_hosts[0]",
+            ),
+            ("paths: {workspace: relative}", "paths.workspace"),
+            ("paths: {home: /}", "paths.home"),
         ] {
             let e = Config::parse(yaml).unwrap_err();
             assert!(e.0.starts_with(key), "{yaml}: {e}");
@@ -911,6 +937,38 @@ mod tests {
         ))
         .unwrap_err();
         assert!(!e.0.contains("s3cret") && e.0.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn roles_are_parsed_at_load() {
+        let c = Config::parse(
+            "paths: {workspace: /srv/ws/, home: /home/u/../agent}\ntools: [{name: a, upstream: 'http://x/', params: {/files/*/p~1q: path, /url: network_target}, read_roots: [/usr/share/doc/], network: {allow_hosts: ['*.Example.COM.', '10.0.0.1'], deny_private: false}}]",
+        )
+        .expect("valid");
+        assert_eq!(c.policy.paths.workspace, "/srv/ws");
+        assert_eq!(c.policy.paths.home, "/home/agent");
+        let a = c.policy.tool("a").expect("a");
+        assert_eq!(a.read_roots, ["/usr/share/doc"]);
+        let files = a
+            .params
+            .iter()
+            .find(|p| p.role == Role::Path)
+            .expect("path");
+        assert_eq!(
+            files.segments,
+            [
+                Segment::Key("files".into()),
+                Segment::Each,
+                Segment::Key("p/q".into())
+            ]
+        );
+        assert!(!a.network.deny_private);
+        assert!(a.network.allow_hosts[0].matches("docs.example.com"));
+        assert!(!a.network.allow_hosts[0].matches("example.com"));
+        assert!(a.network.allow_hosts[1].matches("10.0.0.1"));
+        let e = Config::parse("tools: [{name: a, upstream: 'http://x/', network: {deny: 1}}]")
+            .unwrap_err();
+        assert!(e.0.contains("deny"), "{e}");
     }
 
     #[test]
