@@ -312,6 +312,7 @@ async fn execute(
         traceparent: incoming.traceparent(),
         auth: tool.upstream_auth.as_ref(),
         raw_bytes: tool.limits.raw_bytes,
+        json_depth: tool.limits.json_depth,
     };
     let started = Instant::now();
     let answered = tokio::select! {

@@ -96,6 +96,7 @@ struct RawLimits {
     raw_bytes: Option<u64>,
     agent_bytes: Option<u64>,
     record_bytes: Option<u64>,
+    json_depth: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -236,7 +237,15 @@ pub struct Limits {
     pub raw_bytes: u64,
     pub agent_bytes: u64,
     pub record_bytes: u64,
+    /// The deepest nesting of arrays and objects accepted in the agent's input and in a raw
+    /// response. A record nests them two levels deeper, so with at most [`MAX_JSON_DEPTH`] every
+    /// record written stays readable.
+    pub json_depth: usize,
 }
+
+/// The largest `json_depth` accepted: records nest the input and the raw response two levels
+/// deeper, well within the 128 levels every reader parses.
+pub const MAX_JSON_DEPTH: u64 = 100;
 
 /// Defaults and bounds for new runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,6 +415,7 @@ const DEFAULT_LIMITS: Limits = Limits {
     raw_bytes: 1_048_576,
     agent_bytes: 16_384,
     record_bytes: 1_179_648,
+    json_depth: 64,
 };
 
 impl Config {
@@ -487,6 +497,16 @@ impl RawLimits {
                 self.record_bytes,
                 base.record_bytes,
             )?,
+            json_depth: match self.json_depth {
+                None => base.json_depth,
+                Some(d @ 1..=MAX_JSON_DEPTH) => d as usize,
+                Some(_) => {
+                    return Err(bad(
+                        &format!("{prefix}.json_depth"),
+                        format!("must be between 1 and {MAX_JSON_DEPTH}"),
+                    ));
+                }
+            },
         })
     }
 }
@@ -819,6 +839,8 @@ mod tests {
             ("store: {durability: sometimes}", "store.durability"),
             ("listen: {agent: nowhere}", "listen.agent"),
             ("limits: {raw_bytes: 0}", "limits.raw_bytes"),
+            ("limits: {json_depth: 0}", "limits.json_depth"),
+            ("limits: {json_depth: 101}", "limits.json_depth"),
             (
                 "tools: [{name: 'a b', upstream: 'http://x/'}]",
                 "tools[0].name",
