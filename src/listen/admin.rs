@@ -23,6 +23,10 @@ const MAX_BODY: u64 = 65_536;
 
 /// Serves one admin request. Never fails: errors become the contract's error body.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http::Body> {
+    // The API description is public: it names routes and shapes, nothing of a run.
+    if req.method() == Method::GET && req.uri().path() == "/openapi.json" {
+        return http::bytes(StatusCode::OK, openapi().to_vec());
+    }
     if !state.tokens.is_admin(req.headers()) {
         return http::error(Code::Unauthenticated, None);
     }
@@ -80,6 +84,16 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
         }
         _ => Err(Code::NotFound.into()),
     }
+}
+
+/// `docs/openapi.yaml`, the one description of the wire API, as JSON.
+fn openapi() -> &'static [u8] {
+    static DOC: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let doc: Value = serde_saphyr::from_str(include_str!("../../docs/openapi.yaml"))
+            .unwrap_or_else(|_| json!({}));
+        serde_json::to_vec(&doc).unwrap_or_default()
+    })
 }
 
 fn run_id(s: &str) -> Result<RunId> {
@@ -196,4 +210,19 @@ fn run_json(run: &RunView) -> Value {
         "workspace": run.workspace,
         "home": run.home,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_parses() {
+        let doc: Value = serde_json::from_slice(openapi()).expect("JSON");
+        assert_eq!(
+            doc["openapi"], "3.1.0",
+            "docs/openapi.yaml did not parse as YAML"
+        );
+        assert!(doc["paths"].is_object());
+    }
 }

@@ -152,9 +152,14 @@ where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
-    let service = service_fn(move |req| {
+    let service = service_fn(move |req: Request<Incoming>| {
         let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler(req).await) }
+        async move {
+            if let Some(refused) = framing(&req) {
+                return Ok::<_, Infallible>(refused);
+            }
+            Ok::<_, Infallible>(handler(req).await)
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -171,6 +176,26 @@ where
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
     }
+}
+
+/// A request framed two ways (`Content-Length` together with `Transfer-Encoding`) is the
+/// request-smuggling shape: whichever length a proxy in front believed, toolgate would read the
+/// other. It is refused with 400 and the connection is closed, as nginx and Envoy do.
+fn framing(req: &Request<Incoming>) -> Option<Response<Body>> {
+    let headers = req.headers();
+    if headers.contains_key(hyper::header::TRANSFER_ENCODING)
+        && headers.contains_key(hyper::header::CONTENT_LENGTH)
+    {
+        let mut resp = text(
+            StatusCode::BAD_REQUEST,
+            "Content-Length and Transfer-Encoding together are not accepted.\n",
+            "text/plain; charset=utf-8",
+        );
+        resp.headers_mut()
+            .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+        return Some(resp);
+    }
+    None
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).
