@@ -69,6 +69,16 @@ struct RawListen {
     agent: Option<String>,
     admin: Option<String>,
     telemetry: Option<String>,
+    #[serde(default)]
+    max_connections: RawConnections,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConnections {
+    agent: Option<u64>,
+    admin: Option<u64>,
+    telemetry: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -155,6 +165,27 @@ pub struct ListenConfig {
     pub agent: SocketAddr,
     pub admin: SocketAddr,
     pub telemetry: SocketAddr,
+    /// Open connections each listener serves at once; past it a new one is refused at once.
+    pub max_connections: Connections,
+}
+
+/// `listen.max_connections`. The defaults keep the sidecar's connection memory a small part of
+/// the 64 MiB the injector gives it (an idle connection costs a few KiB; see the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    pub agent: usize,
+    pub admin: usize,
+    pub telemetry: usize,
+}
+
+impl Default for Connections {
+    fn default() -> Connections {
+        Connections {
+            agent: 512,
+            admin: 128,
+            telemetry: 32,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -521,6 +552,21 @@ impl RawConfig {
                 self.listen.telemetry,
                 SocketAddr::from(([0, 0, 0, 0], TELEMETRY_PORT)),
             )?,
+            max_connections: {
+                let d = Connections::default();
+                let m = &self.listen.max_connections;
+                Connections {
+                    agent: positive("listen.max_connections.agent", m.agent, d.agent as u64)?
+                        as usize,
+                    admin: positive("listen.max_connections.admin", m.admin, d.admin as u64)?
+                        as usize,
+                    telemetry: positive(
+                        "listen.max_connections.telemetry",
+                        m.telemetry,
+                        d.telemetry as u64,
+                    )? as usize,
+                }
+            },
         };
         let admin = AdminConfig {
             token_file: self.admin.token_file,
