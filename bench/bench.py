@@ -312,7 +312,8 @@ def toolgate_config(ports, tool_url, store, redis_ports, record_ttl_ms):
     listen = (f'listen: {{agent: "127.0.0.1:{ports["agent"]}", admin: "127.0.0.1:{ports["admin"]}", '
               f'telemetry: "127.0.0.1:{ports["telemetry"]}"}}')
     if store == "memory":
-        store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}}}"
+        # The benchmark keeps every record for its TTL: lift the store's default bound.
+        store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}, memory_max_bytes: 17179869184}}"
     else:
         nodes = ", ".join(f'"redis://127.0.0.1:{p}"' for p in redis_ports)
         store_yaml = (f"store: {{kind: redis-cluster, nodes: [{nodes}], durability: {store}, "

@@ -97,6 +97,7 @@ struct RawStore {
     record_ttl_ms: Option<u64>,
     durability: Option<String>,
     timeout_ms: Option<u64>,
+    memory_max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -259,7 +260,12 @@ pub struct StoreConfig {
     pub record_ttl_ms: u64,
     pub durability: Durability,
     pub timeout: Duration,
+    /// The memory store's bound: a reservation past it fails closed (`STORE_UNAVAILABLE`).
+    pub memory_max_bytes: u64,
 }
+
+/// `store.memory_max_bytes` by default: 128 MiB.
+pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 128 << 20;
 
 /// Byte limits; each may be overridden per tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -739,6 +745,11 @@ impl RawStore {
             record_ttl_ms: positive("store.record_ttl_ms", self.record_ttl_ms, 86_400_000)?,
             durability,
             timeout: Duration::from_millis(positive("store.timeout_ms", self.timeout_ms, 500)?),
+            memory_max_bytes: positive(
+                "store.memory_max_bytes",
+                self.memory_max_bytes,
+                DEFAULT_MEMORY_MAX_BYTES,
+            )?,
         })
     }
 }
