@@ -154,7 +154,27 @@ pub async fn serve<F, Fut>(
 
 /// One connection: the TLS handshake if any, then HTTP/1.1 until the peer closes or the
 /// listener stops (then the response in progress finishes and the connection closes).
+///
+/// Nothing is set up for a connection until its first byte arrives (within the header
+/// timeout): a silent connection costs a socket and this small future, not hyper's buffers.
 async fn connection<F, Fut>(
+    tcp: TcpStream,
+    serving: Serving,
+    handler: F,
+    stop: watch::Receiver<bool>,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    match tokio::time::timeout(serving.header_read_timeout, tcp.readable()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) | Err(_) => return,
+    }
+    // Boxed, so the idle future above stays small.
+    Box::pin(serve_stream(tcp, serving, handler, stop)).await;
+}
+
+async fn serve_stream<F, Fut>(
     tcp: TcpStream,
     serving: Serving,
     handler: F,

@@ -157,6 +157,11 @@ fn standard_config(store_yaml: &str, fake: &FakeTool) -> String {
             "{ro}, limits: {{record_bytes: 400}}, projection: {{select: /results, max_items: 1, fields: [title]}}"
         ),
     );
+    tools += &tool(
+        "deep",
+        fake.url("deep"),
+        &format!("{ro}, projection: {{select: /results}}"),
+    );
     // Parameter roles: a file reader and a fetcher, both answered by the echo route.
     tools += &tool(
         "read_file",

@@ -14,6 +14,7 @@
 //! - [`reload`]: hot reload of the config file.
 //! - [`roles`]: parameter roles: paths and network targets (preflight step 9b).
 //! - [`drain`]: graceful shutdown.
+//! - [`hardening`]: hostile inputs and clients: JSON depth, request framing, connection caps.
 //! - [`store`]: the `Store` suite, against memory and Redis Cluster.
 //! - [`redis`]: what only a real Redis Cluster shows: key layout, outages, failover, resharding.
 //! - [`injector`]: the admission webhook.
@@ -31,6 +32,7 @@ mod support;
 mod boundary;
 mod drain;
 mod execution;
+mod hardening;
 mod injector;
 mod metrics;
 mod preflight;

@@ -176,6 +176,21 @@ impl FakeTool {
                 200,
                 json!({"results": (0..200).map(|i| json!({"title": format!("{i}{}", "w".repeat(300))})).collect::<Vec<_>>()}),
             ),
+            // Valid JSON nested `depth` arrays deep under `results`.
+            "/deep" => {
+                let depth = input["depth"].as_u64().unwrap_or(1) as usize;
+                let body = format!(
+                    r#"{{"results":{}{}}}"#,
+                    "[".repeat(depth),
+                    "]".repeat(depth)
+                );
+                let mut resp = text(200, body);
+                resp.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                resp
+            }
             "/echo" => json(
                 200,
                 json!({"results": {"input": input, "extra": RAW_MARKER}}),
