@@ -4,9 +4,9 @@
 It plays both the harness (admin listener, admin token from TOOLGATE_ADMIN_TOKEN) and the agent
 (agent listener, run token; over POST /v1/invoke, the intercept route and, as an MCP client,
 POST /mcp), against the fake tool's scenario routes (examples/fake_tool.rs,
-tests/support/fake_tool.rs) configured as `search`, `big`, `wide`, `fail` and `slow` (see
-toolgate-local.yaml). One line is printed per step; the first mismatch stops the run with a
-message and exit status 1.
+tests/support/fake_tool.rs) configured as `search`, `big`, `wide`, `fail` and `slow`, and its
+`/echo` route as `read_file`, a tool with a `path` parameter (see toolgate-local.yaml). One line is
+printed per step; the first mismatch stops the run with a message and exit status 1.
 
     scenario.py --agent http://127.0.0.1:15001 --admin http://127.0.0.1:15002 \
                 --telemetry http://127.0.0.1:15090
@@ -27,9 +27,16 @@ SEARCH_BUDGET = 5
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 MCP_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 MCP_VERSION = "2025-11-25"
-MCP_TOOLS = ["big", "fail", "search", "slow", "wide"]  # the read-only tools, sorted by name
+MCP_TOOLS = ["big", "fail", "read_file", "search", "slow", "wide"]  # read-only, sorted by name
 SEARCH_SCHEMA = {"type": "object", "required": ["q"],
                  "properties": {"q": {"type": "string", "maxLength": 512}}}
+READ_FILE_SCHEMA = {"type": "object", "required": ["path"],
+                    "properties": {"path": {"type": "string", "maxLength": 4096}}}
+INPUT_SCHEMAS = {"search": SEARCH_SCHEMA, "read_file": READ_FILE_SCHEMA}
+TOOLS = {"search", "big", "wide", "fail", "slow", "read_file"}
+HOME = "/home/agent"  # paths.home's default: the scenario configs do not set it
+READ_ROOT = "/usr/share/doc"  # read_file's read_roots
+ROLES = {"path", "source_path", "network_target"}
 LAYERS = ["AGENT", "WORKFLOW", "OPERATOR", "PROVIDER", "HARNESS", "ENVIRONMENT"]
 MCP_METHODS = {"initialize", "server/discover", "ping", "tools/list", "tools/call", "notification",
                "_other"}
@@ -85,6 +92,7 @@ class Scenario:
         self.wait_seconds = args.wait_seconds
         self.admin_headers = {"Authorization": f"Bearer {admin_token}"}
         self.run_id = f"scn-{int(time.time())}-{secrets.token_hex(3)}"
+        self.workspace = f"/workspace/{self.run_id}"  # relative path arguments are anchored here
         self.run_token = None
         self.passed = 0
         self.ready = []  # (tool_call_id, tool, evidence_status, result) of READY calls, in order
@@ -192,7 +200,7 @@ class Scenario:
         raise Mismatch(f"readyz: not 200 within {self.wait_seconds}s (last: {last})")
 
     def create_run(self):
-        body = {"run_id": self.run_id, "timeout_ms": 300000,
+        body = {"run_id": self.run_id, "timeout_ms": 300000, "workspace": self.workspace,
                 "budget": {"max_calls": 20, "max_calls_per_tool": {"search": SEARCH_BUDGET}}}
         status, resp, text = http("POST", f"{self.admin}/v1/runs", body, self.admin_headers)
         expect(status == 201, f"create run: expected 201, got {status} {short(text)}")
@@ -296,6 +304,33 @@ class Scenario:
         self.ready.append((call_id, "search", "EVIDENCE_FOUND", body["result"]))
         self.ok("intercept", "POST /tools/search → READY EVIDENCE_FOUND")
 
+    def read_path(self, step, path, canonical):
+        """One allowed read_file call: READY, and the tool received the canonical path."""
+        call_id = self.call_id("read")
+        body = self.expect_ready(step, self.invoke("read_file", call_id, {"path": path}), call_id,
+                                 "EVIDENCE_FOUND")
+        expect(body["result"] == {"item": {"path": canonical}},
+               f"{step}: expected the tool to get {canonical!r}, got {short(body['result'])}")
+        self.ready.append((call_id, "read_file", "EVIDENCE_FOUND", body["result"]))
+        return call_id
+
+    def path_roles(self):
+        self.read_rewritten = self.read_path("path rewritten", "notes/../notes/./todo.md",
+                                             f"{self.workspace}/notes/todo.md")
+        self.ok("path rewritten", f"READY; the tool got {self.workspace}/notes/todo.md")
+        self.read_in_root = self.read_path("path in a read root", f"{READ_ROOT}/toolgate/README",
+                                           f"{READ_ROOT}/toolgate/README")
+        self.ok("path in a read root", f"READY; {READ_ROOT} is one of the tool's read_roots")
+
+        call_id = self.call_id("denied")
+        resp = self.invoke("read_file", call_id, {"path": "~/.ssh/id_rsa"})
+        self.expect_error("path denied", resp, 403, "POLICY_DENIED", call_id)
+        for secret in (".ssh", "id_rsa", HOME):
+            expect(secret not in resp[2], f"path denied: the answer names the path ({secret!r})")
+        self.denied_call = call_id
+        self.ok("path denied", "~/.ssh/id_rsa (home is not the workspace) → 403 POLICY_DENIED, "
+                "the path is not echoed")
+
     def mcp_initialize(self):
         params = {"protocolVersion": MCP_VERSION, "capabilities": {},
                   "clientInfo": {"name": "toolgate-scenario", "version": "1"}}
@@ -323,7 +358,7 @@ class Scenario:
                    f"mcp tools/list: {t['name']} has no string description")
             expect(t.get("annotations") == {"readOnlyHint": True},
                    f"mcp tools/list: {t['name']} annotations are {t.get('annotations')!r}")
-            schema = SEARCH_SCHEMA if t["name"] == "search" else {"type": "object"}
+            schema = INPUT_SCHEMAS.get(t["name"], {"type": "object"})
             expect(t.get("inputSchema") == schema,
                    f"mcp tools/list: {t['name']} inputSchema is {short(t.get('inputSchema'))}")
         expect("ttlMs" not in result and "cacheScope" not in result,
@@ -436,6 +471,8 @@ class Scenario:
         expect(echoed.get("traceparent") == TRACEPARENT,
                f"record: traceparent was not forwarded: {echoed.get('traceparent')!r}")
         expect(rec["agent_result"] == self.ready[0][3], "record: agent_result differs")
+        expect("agent_input" in rec and rec["agent_input"] is None,
+               f"record: agent_input of a tool without params is {short(rec.get('agent_input'))}")
         expect(isinstance(rec["ttl_ms"], int) and rec["ttl_ms"] > 0,
                f"record: ttl_ms is {rec['ttl_ms']!r}")
         self.ok("record", "raw_response (7 items, forwarded headers) is kept for the harness")
@@ -459,6 +496,27 @@ class Scenario:
                f"fail record: the diagnosis body is not kept: {short(rec.get('raw_response'))}")
         self.ok("fail record", "ERROR/TOOL_EXECUTION_FAILED, upstream 500, body kept for diagnosis")
 
+        canonical = {"path": f"{self.workspace}/notes/todo.md"}
+        status, rec, text = self.admin_get(f"{path}/{self.read_rewritten}")
+        expect(status == 200 and rec.get("status") == "READY",
+               f"rewritten record: expected 200 READY, got {status} {short(text)}")
+        expect(rec.get("request") == canonical,
+               f"rewritten record: request is {short(rec.get('request'))}, not {canonical}")
+        expect(rec.get("agent_input") == {"path": "notes/../notes/./todo.md"},
+               f"rewritten record: agent_input is {short(rec.get('agent_input'))}")
+        echoed = ((rec.get("raw_response") or {}).get("results") or {}).get("input")
+        expect(echoed == canonical, f"rewritten record: the tool received {short(echoed)}")
+        status, rec, text = self.admin_get(f"{path}/{self.read_in_root}")
+        expect(status == 200 and rec.get("request") == {"path": f"{READ_ROOT}/toolgate/README"}
+               and "agent_input" in rec and rec["agent_input"] is None,
+               f"read-root record: expected the path as sent and no agent_input, got {short(text)}")
+        self.ok("path records", "request holds the canonical path, agent_input what the agent "
+                "sent (null when nothing was rewritten)")
+
+        status, _, text = self.admin_get(f"{path}/{self.denied_call}")
+        expect(status == 404 and "NOT_FOUND" in text,
+               f"denied call: a record exists for a call refused by policy ({status})")
+
         status, rec, text = self.admin_get(f"{path}/{self.big_call}")
         expect(status == 200 and rec.get("error_code") == "RESULT_TOO_LARGE"
                and rec.get("raw_response") is None,
@@ -472,7 +530,8 @@ class Scenario:
         status, _, text = self.admin_get(f"{path}/{self.over_budget_call}")
         expect(status == 404 and "NOT_FOUND" in text,
                f"rejected call: a record exists for a call refused by the budget ({status})")
-        self.ok("rejected call", "no record for the call refused by the budget (404 NOT_FOUND)")
+        self.ok("rejected calls", "no record for the calls refused by the budget and by policy "
+                "(404 NOT_FOUND)")
 
     def run_state(self):
         status, body, text = self.admin_get(f"/v1/runs/{self.run_id}")
@@ -483,6 +542,8 @@ class Scenario:
                f"run: calls_used is {body.get('calls_used')!r}, expected {reserved}")
         expect(isinstance(body.get("record_bytes_used"), int) and body["record_bytes_used"] > 0,
                f"run: record_bytes_used is {body.get('record_bytes_used')!r}")
+        expect(body.get("workspace") == self.workspace and body.get("home") == HOME,
+               f"run: workspace/home are {body.get('workspace')!r}/{body.get('home')!r}")
         self.ok("run", f"ACTIVE, calls_used={reserved}, record_bytes_used={body['record_bytes_used']}")
 
     def end_run(self):
@@ -506,7 +567,8 @@ class Scenario:
         expect(not missing, f"attribution: layers {missing} are not listed")
         by_code = body.get("by_code") or {}
         for code in ["TOOL_EXECUTION_FAILED", "RESULT_TOO_LARGE", "TOOL_TIMEOUT",
-                     "DUPLICATE_TOOL_CALL", "BUDGET_EXHAUSTED", "UNKNOWN_TOOL", "RUN_INACTIVE"]:
+                     "DUPLICATE_TOOL_CALL", "BUDGET_EXHAUSTED", "UNKNOWN_TOOL", "RUN_INACTIVE",
+                     "POLICY_DENIED"]:
             expect(by_code.get(code, 0) >= 1, f"attribution: by_code has no {code}")
         expect(body.get("total", 0) >= 9, f"attribution: total is {body.get('total')!r}")
         self.ok("failure attribution", f"total={body['total']}, every layer listed")
@@ -534,6 +596,12 @@ class Scenario:
         # One unknown tool on /v1/invoke, one over MCP: counted alike.
         need("toolgate_preflight_rejections_total", 2, tool="_unknown", code="UNKNOWN_TOOL")
         need("toolgate_preflight_rejections_total", code="UNAUTHENTICATED")
+        need("toolgate_invocations_total", 2, tool="read_file", status="READY",
+             evidence_status="EVIDENCE_FOUND")
+        # A denial: its own family, a preflight rejection and an AGENT failure.
+        need("toolgate_policy_denials_total", tool="read_file", role="path")
+        need("toolgate_preflight_rejections_total", tool="read_file", code="POLICY_DENIED")
+        need("toolgate_failures_total", layer="AGENT", code="POLICY_DENIED")
         need("toolgate_failures_total", layer="PROVIDER", code="TOOL_EXECUTION_FAILED")
         need("toolgate_failures_total", layer="PROVIDER", code="TOOL_TIMEOUT")
         need("toolgate_failures_total", layer="PROVIDER", code="RESULT_TOO_LARGE")
@@ -561,12 +629,14 @@ class Scenario:
                 expect("op" in ls, f"metrics: {n} without an op label")
             if n == "toolgate_config_reloads_total":
                 expect(ls.get("result") in ("ok", "error"), f"metrics: {n} result {ls}")
+            if n == "toolgate_policy_denials_total":
+                expect(ls.get("role") in ROLES, f"metrics: {n} role {ls}")
             if n == "toolgate_mcp_requests_total":
                 expect(ls.get("method") in MCP_METHODS and ls.get("outcome") in ("ok", "error"),
                        f"metrics: {n} labels {ls}")
         for label_set in (ls for _, ls, _ in samples):
             tool = label_set.get("tool")
-            expect(tool is None or tool in {"search", "big", "wide", "fail", "slow", "_unknown"},
+            expect(tool is None or tool in TOOLS | {"_unknown"},
                    f"metrics: unbounded tool label {tool!r}")
         expect(self.run_id not in text and self.first_search not in text,
                "metrics: a run or call id appears in the metrics")
@@ -613,7 +683,7 @@ def main():
     steps = [scenario.wait_ready, scenario.create_run, scenario.unauthenticated,
              scenario.unknown_tool, scenario.search_found, scenario.search_nothing,
              scenario.too_large_raw, scenario.too_large_agent, scenario.duplicate,
-             scenario.failing_tool, scenario.slow_tool, scenario.intercept,
+             scenario.failing_tool, scenario.slow_tool, scenario.intercept, scenario.path_roles,
              scenario.mcp_initialize, scenario.mcp_tools_list, scenario.mcp_ready,
              scenario.mcp_unknown_tool, scenario.budget,
              scenario.facts, scenario.records, scenario.run_state, scenario.end_run,

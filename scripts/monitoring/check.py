@@ -550,6 +550,7 @@ ALLOWED_EMPTY_ALERTS = {
     "ToolgateToolErrorShareHigh": "needs at least 20 calls of one tool in 10m",
     "ToolgateLatencyP99High": "sample tools answer well under 5s",
     "ToolgateUnknownFailureLayer": "every error code maps to a layer",
+    "ToolgatePolicyDenialsSpike": "fires above 1 denial/min sustained; the scenario causes one",
 }
 ALLOWED_EMPTY_EXPRS = [
     ("toolgate_store_errors_total", "the memory store does not fail"),
@@ -558,7 +559,9 @@ ALLOWED_EMPTY_EXPRS = [
 ]
 RELOAD_ALLOWED = ("toolgate_config_reloads_total", "the config reload step was skipped")
 # Alerts the scenario must leave silent (neither pending nor firing).
-MUST_NOT_ALERT = ["ToolgateStoreUnavailable", "ToolgateStoreErrors", "ToolgateUnknownFailureLayer"]
+# One denied call is an agent straying, not a spike.
+MUST_NOT_ALERT = ["ToolgateStoreUnavailable", "ToolgateStoreErrors", "ToolgateUnknownFailureLayer",
+                  "ToolgatePolicyDenialsSpike"]
 
 
 def allowed_empty(e, reload_done):
