@@ -1,6 +1,6 @@
 //! The integration tests' fake tool (`tests/support/fake_tool.rs`) as a process, for the scripts:
 //! the benchmark uses its `/bench` route, the end-to-end scenario, the monitoring check and the
-//! kind test its `/scenario/*` routes.
+//! kind test its `/scenario/*` routes and `/echo` (for the `read_file` tool).
 //!
 //!     fake_tool [--listen ADDR] [--threads N]
 //!
