@@ -110,9 +110,9 @@ pub struct Shown {
 }
 
 /// Runs one tool call end to end. Never fails: every error becomes an answer.
-pub async fn handle(state: &State, incoming: Incoming) -> Answer {
+pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     let started = Instant::now();
-    let admitted = match admit(state, &incoming).await {
+    let admitted = match admit(state, &mut incoming).await {
         Ok(a) => a,
         Err(r) => {
             tracing::info!(
@@ -184,12 +184,13 @@ struct Reserved {
 }
 
 /// Preflight steps 1–10.
-async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection> {
+async fn admit(state: &State, incoming: &mut Incoming) -> Result<Reserved, Rejection> {
     let policy = state.policy.get();
     if state.is_draining() {
         return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let identified = preflight::identify(&policy, &state.tokens, incoming)?;
+    let incoming = &*incoming;
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {
         error,
         tool_call_id: Some(id.tool_call_id.clone()),

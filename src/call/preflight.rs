@@ -175,13 +175,13 @@ fn rejection(claims: &Claims, tool: Option<&Arc<Tool>>, code: Code) -> Rejection
     }
 }
 
-/// Steps 1–6.
+/// Steps 1–6. The input is moved out of `incoming` (an MCP call's arguments), not copied.
 pub fn identify(
     policy: &Policy,
     tokens: &Tokens,
-    incoming: &Incoming,
+    incoming: &mut Incoming,
 ) -> Result<Identified, Rejection> {
-    let claims = incoming.claims();
+    let mut claims = incoming.claims();
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
     let reject = |code: Code| rejection(&claims, tool.as_ref(), code);
 
@@ -209,9 +209,9 @@ pub fn identify(
         return Err(reject(Code::Unauthenticated));
     };
     // 3. The envelope is a JSON object.
-    let Ok(envelope) = &claims.envelope else {
+    if claims.envelope.is_err() {
         return Err(reject(Code::InvalidInput));
-    };
+    }
     // 4. The framework's tool_call_id, kept exactly.
     let Some(tool_call_id) = claims.safe_id() else {
         return Err(reject(Code::InvalidToolCallId));
@@ -225,10 +225,14 @@ pub fn identify(
     let Some(tool) = tool.clone() else {
         return Err(reject(Code::UnknownTool));
     };
-    let input = match &incoming.form {
-        Form::Envelope => envelope.get("input").cloned(),
+    let input = match &mut incoming.form {
+        Form::Envelope => claims
+            .envelope
+            .as_mut()
+            .ok()
+            .and_then(|m| m.remove("input")),
         Form::Intercept { .. } => serde_json::from_slice(body).ok(),
-        Form::Mcp(call) => call.input.clone(),
+        Form::Mcp(call) => call.input.take(),
     };
     Ok(Identified {
         run_id,

@@ -184,11 +184,12 @@ pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Bod
         );
     };
     let method = method_label(&request);
-    let reply = match request.id {
+    let id = request.id.clone();
+    let reply = match id {
         None => Reply::Accepted,
-        Some(_) => dispatch(&state, era, &headers, &request, &body).await,
+        Some(_) => dispatch(&state, era, headers, request, &body).await,
     };
-    respond(&state, era, method, request.id, reply)
+    respond(&state, era, method, id, reply)
 }
 
 /// A JSON-RPC 2.0 request or notification.
@@ -264,20 +265,20 @@ fn era(headers: &HeaderMap) -> Era {
 async fn dispatch(
     state: &State,
     era: Era,
-    headers: &HeaderMap,
-    request: &Rpc,
+    headers: HeaderMap,
+    request: Rpc,
     body: &Bytes,
 ) -> Reply {
     if era == Era::Stateless
-        && let Some(refused) = check_stateless(headers, request)
+        && let Some(refused) = check_stateless(&headers, &request)
     {
         return refused;
     }
     match (request.method.as_str(), era) {
-        ("initialize", Era::Handshake) => Reply::Result(initialize(request)),
+        ("initialize", Era::Handshake) => Reply::Result(initialize(&request)),
         ("ping", Era::Handshake) => Reply::Result(json!({})),
         ("server/discover", _) => Reply::Result(discover()),
-        ("tools/list", _) => tools_list(state, headers).await,
+        ("tools/list", _) => tools_list(state, &headers).await,
         ("tools/call", _) => tools_call(state, era, headers, request, body).await,
         _ => Reply::Error(RpcError::MethodNotFound, None),
     }
@@ -413,13 +414,15 @@ async fn tools_list(state: &State, headers: &HeaderMap) -> Reply {
 async fn tools_call(
     state: &State,
     era: Era,
-    headers: &HeaderMap,
-    request: &Rpc,
+    headers: HeaderMap,
+    request: Rpc,
     body: &Bytes,
 ) -> Reply {
-    let Some(params) = request.params() else {
+    let Some(Value::Object(mut params)) = request.params else {
         return Reply::Error(RpcError::InvalidParams, None);
     };
+    // Moved out, not copied: the arguments are the input as parsed once.
+    let arguments = params.remove("arguments");
     let Some(tool) = params.get("name").and_then(Value::as_str) else {
         return Reply::Error(RpcError::InvalidParams, None);
     };
@@ -429,9 +432,9 @@ async fn tools_call(
             .and_then(Value::as_str)
             .map(str::to_string)
     };
-    let input = match params.get("arguments") {
+    let input = match arguments {
         None => Some(json!({})),
-        Some(v @ Value::Object(_)) => Some(v.clone()),
+        Some(v @ Value::Object(_)) => Some(v),
         Some(_) => None,
     };
     let call = McpCall {
@@ -443,7 +446,7 @@ async fn tools_call(
     };
     let incoming = Incoming {
         form: Form::Mcp(call),
-        headers: headers.clone(),
+        headers,
         // The body as received: preflight step 1 checks its size against the tool's limit.
         body: Received::Complete(body.clone()),
     };
