@@ -102,6 +102,7 @@ async fn demo() -> Result<(), String> {
         "  curl -s http://{admin}/v1/runs/my-run/invocations/call_1 -H \"Authorization: Bearer $ADMIN\""
     );
     println!("  curl -s http://{telemetry}/metrics");
+    print!("{}", mcp_snippet(agent));
     match server.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
@@ -268,4 +269,32 @@ fn random_token() -> Result<String, String> {
         .fill(&mut bytes)
         .map_err(|_| "no system randomness".to_string())?;
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// How to point an MCP client at the demo: the endpoint, and a Python SDK script that passes the
+/// two `_meta` ids.
+fn mcp_snippet(agent: std::net::SocketAddr) -> String {
+    format!(
+        r#"
+Or connect an MCP client to http://{agent}/mcp (Streamable HTTP, the run token as bearer).
+With the Python SDK (pip install mcp):
+
+  import asyncio, os, httpx2
+  from mcp import Client
+  from mcp.client.streamable_http import streamable_http_client
+
+  async def main():
+      auth = {{"Authorization": "Bearer " + os.environ["RUN_TOKEN"]}}
+      async with httpx2.AsyncClient(headers=auth) as http:
+          async with Client(streamable_http_client("http://{agent}/mcp", http_client=http)) as client:
+              print([t.name for t in (await client.list_tools()).tools])
+              result = await client.call_tool("search", {{"q": "redis"}}, meta={{
+                  "toolgate.dev/run_id": "my-run",          # the run the token belongs to
+                  "toolgate.dev/tool_call_id": "call_mcp_1",  # your framework's own call id
+              }})
+              print(result.structured_content)
+
+  asyncio.run(main())
+"#
+    )
 }

@@ -27,6 +27,50 @@ pub const UNKNOWN_TOOL: &str = "_unknown";
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct ToolLabel(Option<ToolName>);
 
+/// The `method` label of MCP requests: the closed set of methods toolgate serves, every
+/// notification as one, anything else as `_other`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum McpMethod {
+    Initialize,
+    Discover,
+    Ping,
+    ToolsList,
+    ToolsCall,
+    Notification,
+    Other,
+}
+
+impl McpMethod {
+    pub const ALL: [McpMethod; 7] = [
+        McpMethod::Initialize,
+        McpMethod::Discover,
+        McpMethod::Ping,
+        McpMethod::ToolsList,
+        McpMethod::ToolsCall,
+        McpMethod::Notification,
+        McpMethod::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            McpMethod::Initialize => "initialize",
+            McpMethod::Discover => "server/discover",
+            McpMethod::Ping => "ping",
+            McpMethod::ToolsList => "tools/list",
+            McpMethod::ToolsCall => "tools/call",
+            McpMethod::Notification => "notification",
+            McpMethod::Other => "_other",
+        }
+    }
+}
+
+/// The `outcome` label of MCP requests: `error` is a JSON-RPC error or an `isError` result.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Error,
+}
+
 /// The `result` label of config reloads.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum ReloadResult {
@@ -53,6 +97,11 @@ label_value! {
     Evidence => |e| e.as_str();
     Status => |s| s.as_str();
     StoreOp => |o| o.as_str();
+    McpMethod => |m| m.as_str();
+    Outcome => |o| match o {
+        Outcome::Ok => "ok",
+        Outcome::Error => "error",
+    };
     ReloadResult => |r| match r {
         ReloadResult::Ok => "ok",
         ReloadResult::Error => "error",
@@ -111,6 +160,12 @@ struct OpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct McpLabels {
+    method: McpMethod,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: ReloadResult,
 }
@@ -130,6 +185,7 @@ pub struct Metrics {
     store_errors: Family<OpLabels, Counter>,
     in_flight: Family<ToolLabels, Gauge<i64, AtomicI64>>,
     config_reloads: Family<ResultLabels, Counter>,
+    mcp_requests: Family<McpLabels, Counter>,
     attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
 }
 
@@ -152,6 +208,7 @@ impl Metrics {
         let store_errors = Family::default();
         let in_flight = Family::default();
         let config_reloads = Family::default();
+        let mcp_requests = Family::default();
         registry.register(
             "toolgate_invocations",
             "Calls that reached the tool stage, by final status and evidence status",
@@ -202,6 +259,11 @@ impl Metrics {
             "Config file reload attempts, by result",
             config_reloads.clone(),
         );
+        registry.register(
+            "toolgate_mcp_requests",
+            "MCP requests on the agent listener, by method and outcome",
+            mcp_requests.clone(),
+        );
         // Counters of closed label sets start at 0, so they are exported (and rate() and
         // alerts see their first increment) before anything happened.
         for op in StoreOp::ALL {
@@ -209,6 +271,11 @@ impl Metrics {
         }
         for result in [ReloadResult::Ok, ReloadResult::Error] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
+        }
+        for method in McpMethod::ALL {
+            for outcome in [Outcome::Ok, Outcome::Error] {
+                let _ = mcp_requests.get_or_create(&McpLabels { method, outcome });
+            }
         }
         Metrics {
             registry,
@@ -222,6 +289,7 @@ impl Metrics {
             store_errors,
             in_flight,
             config_reloads,
+            mcp_requests,
             attribution: Mutex::new(BTreeMap::new()),
         }
     }
@@ -311,6 +379,13 @@ impl Metrics {
                 tool: ToolLabel(Some(tool.clone())),
             })
             .inc_by(delta);
+    }
+
+    /// One MCP request answered.
+    pub fn mcp_request(&self, method: McpMethod, outcome: Outcome) {
+        self.mcp_requests
+            .get_or_create(&McpLabels { method, outcome })
+            .inc();
     }
 
     pub fn config_reload(&self, result: ReloadResult) {
@@ -403,6 +478,7 @@ mod tests {
         m.store_op(StoreOp::Reserve, Duration::from_millis(1), true);
         m.in_flight(&tool("search"), 1);
         m.config_reload(ReloadResult::Error);
+        m.mcp_request(McpMethod::ToolsCall, Outcome::Error);
         m.upstream(&tool("search"), Duration::from_millis(2));
         let text = m.encode();
         for needle in [
@@ -414,6 +490,8 @@ mod tests {
             r#"toolgate_store_errors_total{op="reserve"} 1"#,
             r#"toolgate_invocations_in_flight{tool="search"} 1"#,
             r#"toolgate_config_reloads_total{result="error"} 1"#,
+            r#"toolgate_mcp_requests_total{method="tools/call",outcome="error"} 1"#,
+            r#"toolgate_mcp_requests_total{method="server/discover",outcome="ok"} 0"#,
             "toolgate_upstream_duration_seconds_count",
             "toolgate_store_operation_duration_seconds_count",
             "# HELP toolgate_failures Calls that ended in an error",

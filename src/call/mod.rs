@@ -9,6 +9,7 @@
 //! Front ends (`listen::agent` today) only turn their wire format into an [`Incoming`] and an
 //! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
+pub mod mcp;
 pub mod preflight;
 pub mod projection;
 pub mod runs;
@@ -18,7 +19,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use crate::auth::Tokens;
@@ -29,7 +29,7 @@ use crate::ids::{RunId, ToolCallId};
 use crate::metrics::Metrics;
 use crate::store::{self, Evidence, Finalized, Record, Status, Store};
 use preflight::{Admitted, Rejection};
-pub use preflight::{Form, Incoming, Received};
+pub use preflight::{Form, Incoming, McpCall, Received};
 use projection::{Projected, Projector};
 use runs::{CallGuard, Calls, RunCache, RunSpec};
 use upstream::{ToolRequest, Upstream, UpstreamError};
@@ -287,25 +287,22 @@ async fn execute(
     } else {
         (tool.timeout, Code::ToolTimeout)
     };
-    let body = match serde_json::to_vec(input) {
-        Ok(b) => Bytes::from(b),
-        Err(e) => return Executed::failed(Error::internal(e)),
-    };
     let request = ToolRequest {
         uri: &tool.upstream,
-        body,
+        input,
         run_id,
         tool_call_id,
-        traceparent: incoming.headers.get("traceparent"),
+        traceparent: incoming.traceparent(),
+        auth: tool.upstream_auth.as_ref(),
         raw_bytes: tool.limits.raw_bytes,
     };
     let started = Instant::now();
     let answered = tokio::select! {
-        r = tokio::time::timeout(timeout, state.upstream.call(request)) => r,
+        r = tokio::time::timeout(timeout, state.upstream.call(&tool.protocol, request)) => r,
         () = guard.cancelled() => return Executed::failed(Error::new(Code::RunCancelled)),
     };
     state.metrics.upstream(&tool.name, started.elapsed());
-    let response = match answered {
+    let reply = match answered {
         Err(_) => return Executed::failed(Error::with_cause(timeout_code, "tool timed out")),
         Ok(Err(UpstreamError::TooLarge { status })) => {
             let error = if (200..300).contains(&status) {
@@ -320,22 +317,16 @@ async fn execute(
             };
         }
         Ok(Err(e)) => return Executed::failed(Error::with_cause(Code::ToolExecutionFailed, e)),
-        Ok(Ok(response)) => response,
+        Ok(Ok(reply)) => reply,
     };
-    let status = response.status;
-    let parsed = serde_json::from_slice::<Value>(&response.body);
-    let raw = match parsed {
-        Ok(raw) if (200..300).contains(&status) => raw,
-        other => {
-            // Kept for the harness only: the agent never sees it.
-            let raw = other
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&response.body).into()));
+    let status = reply.status;
+    let raw = match reply.raw {
+        Ok(raw) => raw,
+        // Kept for the harness only: the agent never sees it.
+        Err(failed) => {
             return Executed::Failed {
-                error: Error::with_cause(
-                    Code::ToolExecutionFailed,
-                    format!("tool status {status}, JSON body: {}", !raw.is_string()),
-                ),
-                raw,
+                error: Error::with_cause(Code::ToolExecutionFailed, failed.why),
+                raw: failed.raw,
                 upstream_status: Some(status),
             };
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::HeaderMap;
+use hyper::header::HeaderValue;
 use serde_json::{Map, Value};
 
 use crate::auth::Tokens;
@@ -18,8 +19,22 @@ use crate::ids::{RunId, ToolCallId, ToolName};
 pub enum Form {
     /// `POST /v1/invoke` with `{"run_id","tool_call_id","tool","input"}`.
     Envelope,
+    /// An MCP `tools/call`, already read from its JSON-RPC message: `name` is the tool,
+    /// `arguments` the input, the ids come from `_meta`.
+    Mcp(McpCall),
     /// `POST /tools/{tool}` with `X-Run-Id` and `X-Tool-Call-Id`; the body is the input.
     Intercept { tool: String },
+}
+
+/// What an MCP `tools/call` claims. Each field is only trusted by the step that checks it.
+#[derive(Debug, Clone)]
+pub struct McpCall {
+    pub tool: String,
+    pub run_id: Option<String>,
+    pub tool_call_id: Option<String>,
+    /// `arguments`; `None` when it is not a JSON object (step 9 refuses it).
+    pub input: Option<Value>,
+    pub traceparent: Option<HeaderValue>,
 }
 
 /// A request body as the listener read it.
@@ -104,6 +119,12 @@ impl Claims {
                     envelope,
                 }
             }
+            Form::Mcp(call) => Claims {
+                envelope: Ok(Map::new()),
+                tool_call_id: call.tool_call_id.clone(),
+                run_id: call.run_id.clone(),
+                tool: Some(call.tool.clone()),
+            },
             Form::Intercept { tool } => Claims {
                 envelope: Ok(Map::new()),
                 tool_call_id: header("x-tool-call-id"),
@@ -120,6 +141,14 @@ impl Claims {
 }
 
 impl Incoming {
+    /// The W3C trace context to pass on to the tool: the header, or for MCP the `_meta` key.
+    pub fn traceparent(&self) -> Option<&HeaderValue> {
+        match &self.form {
+            Form::Mcp(call) => call.traceparent.as_ref(),
+            Form::Envelope | Form::Intercept { .. } => self.headers.get("traceparent"),
+        }
+    }
+
     fn claims(&self) -> Claims {
         let body = match &self.body {
             Received::Complete(b) => Some(b),
@@ -198,6 +227,7 @@ pub fn identify(
     let input = match &incoming.form {
         Form::Envelope => envelope.get("input").cloned(),
         Form::Intercept { .. } => serde_json::from_slice(body).ok(),
+        Form::Mcp(call) => call.input.clone(),
     };
     Ok(Identified {
         run_id,

@@ -1,37 +1,52 @@
 //! The tool-service client: a pooled HTTP/1 client (https through rustls with the ring provider)
-//! that reads response bodies with a hard cap.
+//! that reads response bodies with a hard cap, for both protocols a tool may speak: plain HTTP
+//! (here) and MCP (`call/mcp.rs`). Both give the same [`Reply`].
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
 
+use super::mcp::McpSessions;
 use crate::body::{ReadError, read_capped};
+use crate::config::Protocol;
 
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
     pub uri: &'a Uri,
-    pub body: Bytes,
+    /// The input object exactly as recorded.
+    pub input: &'a Value,
     pub run_id: &'a str,
     pub tool_call_id: &'a str,
     pub traceparent: Option<&'a HeaderValue>,
+    /// `Authorization` for this tool's upstream only.
+    pub auth: Option<&'a HeaderValue>,
     /// Reading stops once the body exceeds this many bytes.
     pub raw_bytes: u64,
 }
 
-/// A tool's answer, its body complete and within the cap.
-pub struct ToolResponse {
+/// A tool's answer, read completely and within the cap.
+pub struct Reply {
     pub status: u16,
-    pub body: Bytes,
+    /// The raw response, or why it is a failure (with what is kept for the harness).
+    pub raw: Result<Value, Failed>,
 }
 
-/// Why a tool call produced no usable body. Details are for logs only.
+/// A tool that answered, but with a failure: a non-2xx status, a body that is not JSON, an MCP
+/// error or `isError` result. `raw` is kept for the harness only.
+pub struct Failed {
+    pub raw: Value,
+    pub why: String,
+}
+
+/// Why a tool call produced no usable answer. Details are for logs only.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("tool unreachable: {0}")]
@@ -45,7 +60,9 @@ pub enum UpstreamError {
 /// The shared client; cheap to clone.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    pub(super) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// One MCP session per upstream URL.
+    pub(super) sessions: Arc<McpSessions>,
 }
 
 impl Upstream {
@@ -77,12 +94,28 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
             .build(https);
-        Ok(Upstream { client })
+        Ok(Upstream {
+            client,
+            sessions: Arc::default(),
+        })
     }
 
-    /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`. The caller bounds the
-    /// whole call with its timeout; dropping the future aborts the request.
-    pub async fn call(&self, req: ToolRequest<'_>) -> Result<ToolResponse, UpstreamError> {
+    /// Calls the tool in its protocol. The caller bounds the whole call with its timeout;
+    /// dropping the future aborts the request.
+    pub async fn call(
+        &self,
+        protocol: &Protocol,
+        req: ToolRequest<'_>,
+    ) -> Result<Reply, UpstreamError> {
+        match protocol {
+            Protocol::Http => self.http(req).await,
+            Protocol::Mcp { remote_name } => self.mcp(remote_name, req).await,
+        }
+    }
+
+    /// A request with the headers every tool gets: content type, the call's ids, the trace
+    /// context, and the tool's own credentials.
+    pub(super) fn request(&self, req: &ToolRequest<'_>) -> hyper::http::request::Builder {
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri(req.uri.clone())
@@ -92,8 +125,18 @@ impl Upstream {
         if let Some(tp) = req.traceparent {
             builder = builder.header("traceparent", tp);
         }
-        let request = builder
-            .body(Full::new(req.body))
+        if let Some(auth) = req.auth {
+            builder = builder.header(AUTHORIZATION, auth);
+        }
+        builder
+    }
+
+    /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`.
+    async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
+        let body = serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?;
+        let request = self
+            .request(&req)
+            .body(Full::new(Bytes::from(body)))
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let response = self
             .client
@@ -101,20 +144,40 @@ impl Upstream {
             .await
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let status = response.status().as_u16();
-        let declared = response
-            .headers()
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > req.raw_bytes) {
-            return Err(UpstreamError::TooLarge { status });
-        }
-        let body = read_capped(response.into_body(), req.raw_bytes)
-            .await
-            .map_err(|e| match e {
-                ReadError::TooLarge => UpstreamError::TooLarge { status },
-                ReadError::Body(e) => UpstreamError::Body(e),
-            })?;
-        Ok(ToolResponse { status, body })
+        let body = read_body(response, req.raw_bytes).await?;
+        let raw = match serde_json::from_slice::<Value>(&body) {
+            Ok(raw) if (200..300).contains(&status) => Ok(raw),
+            Ok(raw) => Err(Failed {
+                raw,
+                why: format!("tool status {status}, JSON body"),
+            }),
+            Err(_) => Err(Failed {
+                raw: Value::String(String::from_utf8_lossy(&body).into()),
+                why: format!("tool status {status}, body not JSON"),
+            }),
+        };
+        Ok(Reply { status, raw })
     }
+}
+
+/// Reads a tool's response body with the raw cap; a declared length over it is refused first.
+pub(super) async fn read_body(
+    response: hyper::Response<hyper::body::Incoming>,
+    raw_bytes: u64,
+) -> Result<Bytes, UpstreamError> {
+    let status = response.status().as_u16();
+    let declared = response
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > raw_bytes) {
+        return Err(UpstreamError::TooLarge { status });
+    }
+    read_capped(response.into_body(), raw_bytes)
+        .await
+        .map_err(|e| match e {
+            ReadError::TooLarge => UpstreamError::TooLarge { status },
+            ReadError::Body(e) => UpstreamError::Body(e),
+        })
 }

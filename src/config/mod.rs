@@ -103,6 +103,10 @@ struct RawTool {
     limits: RawLimits,
     #[serde(default)]
     projection: RawProjection,
+    description: Option<String>,
+    upstream_token_file: Option<PathBuf>,
+    protocol: Option<String>,
+    remote_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -234,21 +238,41 @@ pub struct Projection {
     pub fields: Option<Vec<String>>,
 }
 
+/// `protocol`: how a tool's upstream is spoken to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protocol {
+    /// `POST` of the input object; the body is the raw response.
+    Http,
+    /// An MCP server (Streamable HTTP): a JSON-RPC `tools/call` of `remote_name`.
+    Mcp { remote_name: String },
+}
+
 /// One configured tool, with its schema compiled and its limits resolved.
 pub struct Tool {
     pub name: ToolName,
     pub upstream: hyper::Uri,
+    pub protocol: Protocol,
     pub read_only: bool,
     pub timeout: Duration,
+    /// The `input_schema` as written, shown to MCP clients.
+    pub input_schema: Option<Value>,
     pub schema: Option<jsonschema::Validator>,
     pub limits: Limits,
     pub projection: Projection,
+    /// Shown in MCP `tools/list`.
+    pub description: String,
+    /// `Authorization: Bearer <upstream_token_file>`, sent to this tool's upstream only. Marked
+    /// sensitive, and left out of `Debug`, so it is never logged.
+    pub upstream_auth: Option<hyper::header::HeaderValue>,
+    /// Where that token is read from (watched for rotation; the path is not secret).
+    pub upstream_token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Tool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tool")
             .field("name", &self.name)
+            .field("protocol", &self.protocol)
             .field("read_only", &self.read_only)
             .finish_non_exhaustive()
     }
@@ -473,10 +497,10 @@ impl RawTool {
             (Some("http" | "https"), Some(_)) => {}
             _ => return Err(bad(&key("upstream"), "must be an http:// or https:// URL")),
         }
-        let schema = match self.input_schema {
+        let schema = match &self.input_schema {
             None => None,
             Some(s) => Some(
-                jsonschema::validator_for(&s)
+                jsonschema::validator_for(s)
                     .map_err(|e| bad(&key("input_schema"), format!("invalid JSON Schema: {e}")))?,
             ),
         };
@@ -487,20 +511,68 @@ impl RawTool {
                 "must be a JSON Pointer (empty or starting with /)",
             ));
         }
+        let protocol = match (self.protocol.as_deref(), self.remote_name) {
+            (None | Some("http"), None) => Protocol::Http,
+            (None | Some("http"), Some(_)) => {
+                return Err(bad(&key("remote_name"), "needs protocol: mcp"));
+            }
+            (Some("mcp"), remote) => Protocol::Mcp {
+                remote_name: match remote {
+                    None => name.to_string(),
+                    Some(r) if !r.is_empty() => r,
+                    Some(_) => return Err(bad(&key("remote_name"), "must not be empty")),
+                },
+            },
+            (Some(other), _) => {
+                return Err(bad(
+                    &key("protocol"),
+                    format!("{other:?} is not one of http, mcp"),
+                ));
+            }
+        };
+        let upstream_auth = match &self.upstream_token_file {
+            None => None,
+            Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
+        };
         Ok(Tool {
             limits: self.limits.resolve(&key("limits"), base)?,
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
             name,
             upstream,
+            protocol,
             read_only: self.read_only,
+            input_schema: self.input_schema,
             schema,
             projection: Projection {
                 select,
                 max_items: self.projection.max_items,
                 fields: self.projection.fields,
             },
+            description: self.description.unwrap_or_default(),
+            upstream_auth,
+            upstream_token_file: self.upstream_token_file,
         })
     }
+}
+
+/// The `Authorization` value for a token file: the file's content, trimmed. The message names
+/// the key and the file, never the content.
+fn bearer_from_file(key: &str, path: &Path) -> Result<hyper::header::HeaderValue, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad(key, format!("cannot read {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(bad(key, format!("{} is empty", path.display())));
+    }
+    let mut value =
+        hyper::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+            bad(
+                key,
+                format!("{} holds characters a header cannot carry", path.display()),
+            )
+        })?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -569,6 +641,61 @@ mod tests {
         assert_eq!(a.limits.raw_bytes, DEFAULT_LIMITS.raw_bytes);
         assert_eq!(c.policy.max_request_bytes, 500);
         assert!(a.read_only);
+    }
+
+    #[test]
+    fn mcp_and_credential_keys() {
+        let dir = std::env::temp_dir().join(format!("toolgate-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "s3cret-upstream-token\n").unwrap();
+        let c = Config::parse(&format!(
+            "tools:\n  - {{name: docs, upstream: 'http://x/mcp', protocol: mcp, read_only: true, description: Docs., upstream_token_file: {}}}\n  - {{name: plain, upstream: 'http://x/', remote_name: r}}",
+            token.display()
+        ))
+        .unwrap_err();
+        assert!(c.0.starts_with("tools[1].remote_name"), "{c}");
+        let c = Config::parse(&format!(
+            "tools:\n  - {{name: docs, upstream: 'http://x/mcp', protocol: mcp, read_only: true, description: Docs., upstream_token_file: {}}}",
+            token.display()
+        ))
+        .expect("valid");
+        let docs = c.policy.tool("docs").expect("docs");
+        assert_eq!(
+            docs.protocol,
+            Protocol::Mcp {
+                remote_name: "docs".into()
+            }
+        );
+        assert_eq!(docs.description, "Docs.");
+        let auth = docs.upstream_auth.as_ref().expect("auth");
+        assert_eq!(auth.to_str().unwrap(), "Bearer s3cret-upstream-token");
+        assert!(auth.is_sensitive());
+        assert!(
+            !format!("{docs:?}").contains("s3cret"),
+            "Debug shows the token"
+        );
+        for (yaml, key) in [
+            (
+                "tools: [{name: a, upstream: 'http://x/', protocol: grpc}]",
+                "tools[0].protocol",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', upstream_token_file: /nonexistent/t}]",
+                "tools[0].upstream_token_file",
+            ),
+        ] {
+            let e = Config::parse(yaml).unwrap_err();
+            assert!(e.0.starts_with(key), "{yaml}: {e}");
+        }
+        let empty = dir.join("empty");
+        std::fs::write(&empty, " \n").unwrap();
+        let e = Config::parse(&format!(
+            "tools: [{{name: a, upstream: 'http://x/', upstream_token_file: {}}}]",
+            empty.display()
+        ))
+        .unwrap_err();
+        assert!(!e.0.contains("s3cret") && e.0.contains("empty"), "{e}");
     }
 
     #[test]

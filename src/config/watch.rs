@@ -42,7 +42,8 @@ pub enum Reload {
 }
 
 /// Watches a config file by content hash (survives Kubernetes' symlink swap of a mounted
-/// ConfigMap) and calls `on_reload` with each attempt's outcome.
+/// ConfigMap), together with the upstream token files it names, so a rotated token is picked up
+/// like an edited config; calls `on_reload` with each attempt's outcome.
 pub async fn watch(
     path: PathBuf,
     current: Config,
@@ -50,12 +51,13 @@ pub async fn watch(
     interval: Duration,
     on_reload: impl Fn(Reload) + Send + 'static,
 ) {
-    let mut last = digest(&path);
+    let mut files = token_files(&live.get());
+    let mut last = digest(&path, &files);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = digest(&path);
+        let now = digest(&path, &files);
         if now == last {
             on_reload(Reload::Unchanged);
             continue;
@@ -66,6 +68,8 @@ pub async fn watch(
             Ok(next) => match current.restart_needed(&next) {
                 Some(section) => Reload::Refused(format!("{section}: changes need a restart")),
                 None => {
+                    files = token_files(&next.policy);
+                    last = digest(&path, &files);
                     live.set(next.policy);
                     Reload::Applied
                 }
@@ -75,11 +79,25 @@ pub async fn watch(
     }
 }
 
-fn digest(path: &Path) -> Option<Vec<u8>> {
-    let bytes = std::fs::read(path).ok()?;
-    Some(
-        ring::digest::digest(&ring::digest::SHA256, &bytes)
-            .as_ref()
-            .to_vec(),
-    )
+/// The token files the policy's tools read.
+fn token_files(policy: &Policy) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = policy
+        .tools
+        .values()
+        .filter_map(|t| t.upstream_token_file.clone())
+        .collect();
+    files.sort();
+    files
+}
+
+/// One hash over the config file and the token files (a missing file hashes as absent).
+fn digest(path: &Path, token_files: &[PathBuf]) -> Option<Vec<u8>> {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(&std::fs::read(path).ok()?);
+    for file in token_files {
+        let bytes = std::fs::read(file).unwrap_or_default();
+        ctx.update(&(bytes.len() as u64).to_le_bytes());
+        ctx.update(&bytes);
+    }
+    Some(ctx.finish().as_ref().to_vec())
 }

@@ -1,6 +1,6 @@
 //! The agent listener: both call forms (envelope `POST /v1/invoke` and intercept
 //! `POST /tools/{tool}`) become one [`Incoming`] call, and its [`Answer`] becomes the envelope
-//! response. Nothing is checked, stored or metered here.
+//! response; `/mcp` goes to the MCP front end. Nothing is checked, stored or metered here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +19,7 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Serves one agent request. Never fails.
 pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Body> {
     let form = match (req.method(), req.uri().path()) {
+        (_, "/mcp") => return super::mcp::handle(state, req).await,
         (&Method::POST, "/v1/invoke") => Form::Envelope,
         (&Method::POST, path) if path.starts_with("/tools/") => Form::Intercept {
             tool: path["/tools/".len()..].to_string(),

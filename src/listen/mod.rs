@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod agent;
 pub mod http;
+pub mod mcp;
 pub mod telemetry;
 
 use std::future::Future;
