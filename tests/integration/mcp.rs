@@ -317,10 +317,10 @@ async fn upstreams() -> &'static Upstreams {
             let (json, sse) = std::thread::scope(|s| {
                 let json = s.spawn(|| PyUpstream::spawn("json", &token_file));
                 let sse = s.spawn(|| PyUpstream::spawn("sse", &token_file));
-                (
-                    json.join().expect("json upstream"),
-                    sse.join().expect("sse upstream"),
-                )
+                let join = |h: std::thread::ScopedJoinHandle<'_, PyUpstream>| {
+                    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+                };
+                (join(json), join(sse))
             });
             Upstreams {
                 json,

@@ -100,7 +100,7 @@ def main() -> None:
         return search_result("slow", ctx)
 
     inner = mcp.streamable_http_app(json_response=(args.mode == "json"), stateless_http=True)
-    log = open(args.log, "a", encoding="utf-8")  # noqa: SIM115 - open for the server's lifetime
+    log = open(args.log, "a", encoding="utf-8")  # open for the server's lifetime
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
