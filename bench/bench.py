@@ -3,7 +3,7 @@
 
 Starts, all on 127.0.0.1: the fake tool (examples/fake_tool.rs, its /bench route), nginx as a plain
 reverse proxy in front of it, a six-node Redis Cluster (examples/redis_cluster.rs), and one
-toolgate per store setup. Then drives every path
+toolgate per toolgate path (store setup, and /v1/invoke or MCP's POST /mcp). Then drives every path
 with wrk, interleaved round by round, and prints one table plus a JSON file. Standard library only.
 """
 
@@ -32,14 +32,19 @@ ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
 
-# Paths in table order. "store" is None for the paths without toolgate.
+# Paths in table order. "store" is None for the paths without toolgate; "front" is how the agent
+# calls toolgate: "invoke" (POST /v1/invoke) or "mcp" (a tools/call on POST /mcp).
 PATHS = [
     {"name": "direct", "store": None},
     {"name": "nginx", "store": None},
-    {"name": "toolgate-memory", "store": "memory"},
-    {"name": "toolgate-redis-primary", "store": "primary"},
-    {"name": "toolgate-redis-replica", "store": "replica"},
+    {"name": "toolgate-memory", "store": "memory", "front": "invoke"},
+    {"name": "toolgate-mcp", "store": "memory", "front": "mcp"},
+    {"name": "toolgate-redis-primary", "store": "primary", "front": "invoke"},
+    {"name": "toolgate-redis-replica", "store": "replica", "front": "invoke"},
 ]
+ENDPOINTS = {"invoke": "/v1/invoke", "mcp": "/mcp"}
+# The MCP path is compared with the same call on /v1/invoke, same store, paired per round.
+MCP_PATH, INVOKE_PATH = "toolgate-mcp", "toolgate-memory"
 
 # Commands that are not part of a tool call: the cluster client's topology refresh, probes, and
 # this script's own markers and reads.
@@ -307,7 +312,8 @@ def toolgate_config(ports, tool_url, store, redis_ports, record_ttl_ms):
     listen = (f'listen: {{agent: "127.0.0.1:{ports["agent"]}", admin: "127.0.0.1:{ports["admin"]}", '
               f'telemetry: "127.0.0.1:{ports["telemetry"]}"}}')
     if store == "memory":
-        store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}}}"
+        # The benchmark keeps every record for its TTL: lift the store's default bound.
+        store_yaml = f"store: {{kind: memory, record_ttl_ms: {record_ttl_ms}, memory_max_bytes: 17179869184}}"
     else:
         nodes = ", ".join(f'"redis://127.0.0.1:{p}"' for p in redis_ports)
         store_yaml = (f"store: {{kind: redis-cluster, nodes: [{nodes}], durability: {store}, "
@@ -325,7 +331,7 @@ tools:
 
 
 def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_ports, args,
-                   wrapper=(), ready_timeout=20):
+                   front="invoke", wrapper=(), ready_timeout=20):
     ports = {k: free_port() for k in ("agent", "admin", "telemetry")}
     cfg = os.path.join(workdir, f"{name}.yaml")
     with open(cfg, "w") as f:
@@ -353,7 +359,7 @@ def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_po
     if status != 201:
         return None, f"POST /v1/runs answered {status}: {body}; log: {log_tail(workdir, name)}"
     return {"pid": p.pid, "cpu_pids": [p.pid], "rss_pids": [p.pid],
-            "url": f"http://127.0.0.1:{ports['agent']}/v1/invoke",
+            "url": f"http://127.0.0.1:{ports['agent']}{ENDPOINTS[front]}", "front": front,
             "run_id": run_id, "token": body["run_token"], "ports": ports}, None
 
 
@@ -377,7 +383,7 @@ def leg(path, threads, conns, seconds, prefix, pace_ms=0):
     pids = path.get("cpu_pids", [])
     extra = path.get("extra_cpu_pids", [])
     cpu0, extra0 = cpu_seconds(pids), cpu_seconds(extra)
-    mode = "invoke" if path.get("run_id") else "tool"
+    mode = path.get("front", "tool")
     out = wrk(path["url"], threads, conns, seconds, mode, prefix, path.get("run_id", ""),
               path.get("token"), pace_ms=pace_ms)
     out["cpu_s"] = cpu_seconds(pids) - cpu0 if pids else None
@@ -451,19 +457,29 @@ def round_trips(path, redis, seconds, calls):
 
 
 def sequential_calls(path, n, prefix):
-    """n calls one after another on one keep-alive connection; returns how many were not READY."""
+    """n calls one after another on one keep-alive connection; returns how many were not READY
+    (on MCP: not an "isError":false result)."""
     import http.client
     port = int(path["url"].split(":")[2].split("/")[0])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {path['token']}"}
+    mcp = path["front"] == "mcp"
     bad = 0
     for i in range(n):
-        body = json.dumps({"run_id": path["run_id"], "tool_call_id": f"{prefix}-{i}",
-                           "tool": "bench", "input": {"q": "x"}})
-        conn.request("POST", "/v1/invoke", body=body, headers=headers)
+        call_id = f"{prefix}-{i}"
+        if mcp:
+            body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {
+                "name": "bench", "arguments": {"q": "x"},
+                "_meta": {"toolgate.dev/run_id": path["run_id"],
+                          "toolgate.dev/tool_call_id": call_id}}})
+        else:
+            body = json.dumps({"run_id": path["run_id"], "tool_call_id": call_id,
+                               "tool": "bench", "input": {"q": "x"}})
+        conn.request("POST", ENDPOINTS[path["front"]], body=body, headers=headers)
         r = conn.getresponse()
         data = r.read()
-        if r.status != 200 or b'"status":"READY"' not in data:
+        good = b'"isError":false' if mcp else b'"status":"READY"'
+        if r.status != 200 or good not in data:
             bad += 1
     conn.close()
     return bad
@@ -484,7 +500,8 @@ def callgrind(args, procs, started):
     out = os.path.join(args.workdir, "callgrind.out")
     wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     tg, why = start_toolgate(procs, args.workdir, name, args.toolgate, tool["url"], spec["store"],
-                             redis["ports"] if redis else [], args, wrapper, ready_timeout=120)
+                             redis["ports"] if redis else [], args, spec["front"], wrapper,
+                             ready_timeout=120)
     if tg is None:
         raise Failure(f"{name} did not start under valgrind: {why}")
     warm = 200
@@ -637,6 +654,35 @@ def print_table(report):
                        enumerate(zip(cells, cols, strict=True))))
 
 
+def mcp_vs_invoke(report):
+    """The MCP path next to the same call on /v1/invoke (memory store), or None without both."""
+    mcp, inv = report["paths"].get(MCP_PATH), report["paths"].get(INVOKE_PATH)
+    if not mcp or not inv or mcp.get("unavailable") or inv.get("unavailable"):
+        return None
+
+    def figures(name, e):
+        return {"path": name, "endpoint": e["endpoint"],
+                "throughput_rps": e["throughput_rps"]["median"],
+                "p50_ms": e["latency_ms"]["p50"]["median"],
+                "p99_ms": e["latency_ms"]["p99"]["median"]}
+
+    return {"mcp": figures(MCP_PATH, mcp), "invoke": figures(INVOKE_PATH, inv),
+            "throughput_ratio": mcp["ratios"].get("throughput_vs_invoke"),
+            "p99_added_ms": mcp["ratios"].get("p99_added_ms_vs_invoke")}
+
+
+def print_mcp_vs_invoke(c):
+    if not c:
+        return
+    m, i = c["mcp"], c["invoke"]
+    print()
+    print(f"MCP tools/call vs /v1/invoke, memory store ({m['path']} vs {i['path']}; the ratio "
+          f"and the difference paired per round):")
+    print(f"  throughput {fmt(m['throughput_rps'], '.0f')} vs {fmt(i['throughput_rps'], '.0f')} "
+          f"req/s (x{fmt(c['throughput_ratio'], '.2f')}); p99 {fmt(m['p99_ms'], '.3f')} vs "
+          f"{fmt(i['p99_ms'], '.3f')} ms ({fmt(c['p99_added_ms'], '+.3f')} ms)")
+
+
 def targets(report):
     out = []
     p = report["paths"].get("toolgate-redis-primary", {})
@@ -782,7 +828,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         if spec["store"] is None or spec["name"] not in wanted:
             continue
         tg, why = start_toolgate(procs, workdir, spec["name"], args.toolgate, tool["url"],
-                                 spec["store"], redis["ports"] if redis else [], args)
+                                 spec["store"], redis["ports"] if redis else [], args,
+                                 spec["front"])
         if tg is None:
             log(f"{spec['name']}: UNAVAILABLE: {why}")
             unavailable[spec["name"]] = why
@@ -890,6 +937,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                                 "peak": rss_load.get(n, (None, None))[1]}
         if n in store:
             entry["store"] = store[n]
+        if paths[n].get("front"):
+            entry["endpoint"] = ENDPOINTS[paths[n]["front"]]
         report["paths"][n] = entry
 
     # Ratios: per round, each path against the baseline measured in the same round, then the
@@ -916,6 +965,10 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         if d and not d.get("unavailable"):
             xs, ys = a["latency_ms"]["p50"]["rounds"], d["latency_ms"]["p50"]["rounds"]
             e["ratios"]["p50_added_ms_vs_direct"] = median([x - y for x, y in zip(xs, ys, strict=False)])
+        if n == MCP_PATH:
+            e["ratios"]["throughput_vs_invoke"] = paired(n, INVOKE_PATH, "tput")
+            e["ratios"]["p99_added_ms_vs_invoke"] = paired(n, INVOKE_PATH, "p99")
+    report["mcp_vs_invoke"] = mcp_vs_invoke(report)
 
     report["failed_requests"] = total_failed
     report["targets"] = targets(report)
@@ -936,6 +989,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
           f"calls;\nmedians over rounds; ratios and +p99 paired per round")
     print()
     print_table(report)
+    print_mcp_vs_invoke(report["mcp_vs_invoke"])
     print_targets(report["targets"])
     print()
     print(f"written: {out_path} ({report['elapsed_seconds']}s)")

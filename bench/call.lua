@@ -6,6 +6,10 @@
 -- MODE invoke: toolgate's envelope, POST /v1/invoke with a fresh tool_call_id per request
 --              (PREFIX-THREAD-COUNTER, so no call of any leg is a duplicate); a response counts as
 --              good when it is 200 and its body says "status":"READY".
+-- MODE mcp:    the same call as an MCP client makes it: POST /mcp, a JSON-RPC tools/call with the
+--              run and a fresh tool_call_id (as for invoke) in _meta, and the Accept and
+--              MCP-Protocol-Version headers a client sends after its handshake; good when 200 and
+--              the body says "isError":false (a JSON-RPC error or an isError result is not good).
 -- MODE tool:   the tool's own input {"q":"x"}, for the direct and nginx paths; good when 200 and
 --              the body carries "results".
 -- STOP_AFTER:  when > 0, each thread stops after that many responses (with one connection per
@@ -40,6 +44,10 @@ function init(args)
    end
    if mode == "invoke" then
       marker = '"status":"READY"'
+   elseif mode == "mcp" then
+      marker = '"isError":false'
+      wrk.headers["Accept"] = "application/json, text/event-stream"
+      wrk.headers["MCP-Protocol-Version"] = "2025-11-25"
    else
       marker = '"results"'
    end
@@ -51,6 +59,10 @@ function request()
    if mode == "invoke" then
       body = '{"run_id":"' .. run_id .. '","tool_call_id":"' .. prefix .. "-" .. tid .. "-" ..
          counter .. '","tool":"bench","input":{"q":"x"}}'
+   elseif mode == "mcp" then
+      body = '{"jsonrpc":"2.0","id":' .. counter .. ',"method":"tools/call","params":' ..
+         '{"name":"bench","arguments":{"q":"x"},"_meta":{"toolgate.dev/run_id":"' .. run_id ..
+         '","toolgate.dev/tool_call_id":"' .. prefix .. "-" .. tid .. "-" .. counter .. '"}}}'
    else
       body = '{"q":"x"}'
    end

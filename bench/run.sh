@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What toolgate costs on the call path, next to a direct call and nginx: see bench/README.md.
 #
-#   bench/run.sh            full run (about 5 minutes after the build), writes bench/results/latest.json
+#   bench/run.sh            full run (about 6 minutes after the build), writes bench/results/latest.json
 #   bench/run.sh --quick    CI smoke run (well under 2 minutes after the build), writes
 #                           bench/results/quick.json; fails only when a request failed
 #   bench/run.sh --callgrind toolgate-redis-primary [--calls N]

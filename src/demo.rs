@@ -55,7 +55,7 @@ async fn demo() -> Result<(), String> {
     let tool_addr = tool.local_addr().map_err(|e| e.to_string())?;
     // The sample tool lives as long as the process: its stop signal never fires.
     let (_keep, never) = tokio::sync::watch::channel(false);
-    tokio::spawn(http::serve(tool, Serving::plain(), sample_tool, never));
+    tokio::spawn(http::serve(tool, Serving::plain(64), sample_tool, never));
 
     let config = Config::parse(&DEMO_CONFIG.replace("TOOL", &tool_addr.to_string()))
         .map_err(|e| e.to_string())?;

@@ -23,6 +23,8 @@ pub enum Code {
     UnknownTool,
     Unauthorized,
     ToolNotReadOnly,
+    /// A path or network argument outside what the tool may touch; carries the argument's role.
+    PolicyDenied(Role),
     DuplicateToolCall,
     RunInactive,
     RunDeadlineExceeded,
@@ -49,6 +51,29 @@ pub enum SizeStage {
     Run,
 }
 
+/// The role a tool declares for an input argument (`params`); checks dispatch on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// A path the call acts on.
+    Path,
+    /// A path the call only reads from while acting on another.
+    SourcePath,
+    /// A URL the tool will fetch.
+    NetworkTarget,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Path, Role::SourcePath, Role::NetworkTarget];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Path => "path",
+            Role::SourcePath => "source_path",
+            Role::NetworkTarget => "network_target",
+        }
+    }
+}
+
 /// Who is to blame for a failed call (failure attribution).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Layer {
@@ -63,7 +88,7 @@ pub enum Layer {
 
 impl Code {
     /// Every code, in contract order, `RESULT_TOO_LARGE` once per stage.
-    pub const ALL: [Code; 26] = [
+    pub const ALL: [Code; 29] = [
         Code::RequestTooLarge,
         Code::Unauthenticated,
         Code::InvalidInput,
@@ -72,6 +97,9 @@ impl Code {
         Code::UnknownTool,
         Code::Unauthorized,
         Code::ToolNotReadOnly,
+        Code::PolicyDenied(Role::Path),
+        Code::PolicyDenied(Role::SourcePath),
+        Code::PolicyDenied(Role::NetworkTarget),
         Code::DuplicateToolCall,
         Code::RunInactive,
         Code::RunDeadlineExceeded,
@@ -103,6 +131,7 @@ impl Code {
             Code::UnknownTool => "UNKNOWN_TOOL",
             Code::Unauthorized => "UNAUTHORIZED",
             Code::ToolNotReadOnly => "TOOL_NOT_READ_ONLY",
+            Code::PolicyDenied(_) => "POLICY_DENIED",
             Code::DuplicateToolCall => "DUPLICATE_TOOL_CALL",
             Code::RunInactive => "RUN_INACTIVE",
             Code::RunDeadlineExceeded => "RUN_DEADLINE_EXCEEDED",
@@ -126,7 +155,10 @@ impl Code {
             Code::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
             Code::InvalidInput | Code::InvalidToolCallId => StatusCode::BAD_REQUEST,
-            Code::RunMismatch | Code::Unauthorized | Code::ToolNotReadOnly => StatusCode::FORBIDDEN,
+            Code::RunMismatch
+            | Code::Unauthorized
+            | Code::ToolNotReadOnly
+            | Code::PolicyDenied(_) => StatusCode::FORBIDDEN,
             Code::UnknownTool | Code::NotFound => StatusCode::NOT_FOUND,
             Code::DuplicateToolCall
             | Code::RunInactive
@@ -156,6 +188,9 @@ impl Code {
             Code::UnknownTool => "The tool is not configured.",
             Code::Unauthorized => "The tool is not allowed for this run.",
             Code::ToolNotReadOnly => "The tool is not declared read-only.",
+            Code::PolicyDenied(_) => {
+                "A path or network argument is outside what the tool may touch."
+            }
             Code::DuplicateToolCall => "This run already has a call with this tool_call_id.",
             Code::RunInactive => "The run is unknown, ended or cancelled.",
             Code::RunDeadlineExceeded => "The run deadline has passed.",
@@ -185,6 +220,7 @@ impl Code {
             | Code::UnknownTool
             | Code::Unauthorized
             | Code::ToolNotReadOnly
+            | Code::PolicyDenied(_)
             | Code::DuplicateToolCall => Layer::Agent,
             Code::RunInactive | Code::RunDeadlineExceeded | Code::BudgetExhausted => {
                 Layer::Workflow

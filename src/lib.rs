@@ -16,6 +16,7 @@
 //! - [`error`]: the one error type: code, HTTP status, layer, fixed message
 //! - [`ids`]: run ids, tool-call ids and tool names, validated once
 //! - [`clock`]: the one clock
+//! - [`paths`]: the one canonical path rule and containment check
 //! - [`body`]: capped body reads
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
 //! - [`demo`]: `toolgate demo`
@@ -32,4 +33,5 @@ pub mod ids;
 pub mod injector;
 pub mod listen;
 pub mod metrics;
+pub mod paths;
 pub mod store;

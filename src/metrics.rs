@@ -16,7 +16,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde_json::{Map, Value, json};
 
-use crate::error::{Code, Error, Layer, SizeStage};
+use crate::error::{Code, Error, Layer, Role, SizeStage};
 use crate::ids::ToolName;
 use crate::store::{Evidence, Observer, Status, StoreOp};
 
@@ -92,6 +92,7 @@ macro_rules! label_value {
 label_value! {
     ToolLabel => |t| t.0.as_deref().unwrap_or(UNKNOWN_TOOL);
     Code => |c| c.as_str();
+    Role => |r| r.as_str();
     Layer => |l| l.as_str();
     SizeStage => |s| s.as_str();
     Evidence => |e| e.as_str();
@@ -160,6 +161,12 @@ struct OpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolRoleLabels {
+    tool: ToolLabel,
+    role: Role,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct McpLabels {
     method: McpMethod,
     outcome: Outcome,
@@ -186,6 +193,7 @@ pub struct Metrics {
     in_flight: Family<ToolLabels, Gauge<i64, AtomicI64>>,
     config_reloads: Family<ResultLabels, Counter>,
     mcp_requests: Family<McpLabels, Counter>,
+    policy_denials: Family<ToolRoleLabels, Counter>,
     attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
 }
 
@@ -209,6 +217,7 @@ impl Metrics {
         let in_flight = Family::default();
         let config_reloads = Family::default();
         let mcp_requests = Family::default();
+        let policy_denials = Family::default();
         registry.register(
             "toolgate_invocations",
             "Calls that reached the tool stage, by final status and evidence status",
@@ -264,6 +273,11 @@ impl Metrics {
             "MCP requests on the agent listener, by method and outcome",
             mcp_requests.clone(),
         );
+        registry.register(
+            "toolgate_policy_denials",
+            "Calls refused because a path or network argument is outside what the tool may touch",
+            policy_denials.clone(),
+        );
         // Counters of closed label sets start at 0, so they are exported (and rate() and
         // alerts see their first increment) before anything happened.
         for op in StoreOp::ALL {
@@ -290,6 +304,7 @@ impl Metrics {
             in_flight,
             config_reloads,
             mcp_requests,
+            policy_denials,
             attribution: Mutex::new(BTreeMap::new()),
         }
     }
@@ -306,6 +321,14 @@ impl Metrics {
     /// A call rejected before it reached the tool (preflight steps 1–10, or shutdown).
     pub fn rejected(&self, tool: Option<&ToolName>, err: &Error) {
         let tool = ToolLabel(tool.cloned());
+        if let Code::PolicyDenied(role) = err.code {
+            self.policy_denials
+                .get_or_create(&ToolRoleLabels {
+                    tool: tool.clone(),
+                    role,
+                })
+                .inc();
+        }
         self.preflight_rejections
             .get_or_create(&ToolCodeLabels {
                 tool: tool.clone(),
@@ -479,6 +502,10 @@ mod tests {
         m.in_flight(&tool("search"), 1);
         m.config_reload(ReloadResult::Error);
         m.mcp_request(McpMethod::ToolsCall, Outcome::Error);
+        m.rejected(
+            Some(&tool("fetch")),
+            &Error::new(Code::PolicyDenied(Role::NetworkTarget)),
+        );
         m.upstream(&tool("search"), Duration::from_millis(2));
         let text = m.encode();
         for needle in [
@@ -492,6 +519,9 @@ mod tests {
             r#"toolgate_config_reloads_total{result="error"} 1"#,
             r#"toolgate_mcp_requests_total{method="tools/call",outcome="error"} 1"#,
             r#"toolgate_mcp_requests_total{method="server/discover",outcome="ok"} 0"#,
+            r#"toolgate_policy_denials_total{tool="fetch",role="network_target"} 1"#,
+            r#"toolgate_preflight_rejections_total{tool="fetch",code="POLICY_DENIED"} 1"#,
+            r#"toolgate_failures_total{layer="AGENT",code="POLICY_DENIED"} 1"#,
             "toolgate_upstream_duration_seconds_count",
             "toolgate_store_operation_duration_seconds_count",
             "# HELP toolgate_failures Calls that ended in an error",

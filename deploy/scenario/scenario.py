@@ -2,7 +2,8 @@
 """End-to-end scenario against a running toolgate sidecar (standard library only).
 
 It plays both the harness (admin listener, admin token from TOOLGATE_ADMIN_TOKEN) and the agent
-(agent listener, run token), against the fake tool's scenario routes (examples/fake_tool.rs,
+(agent listener, run token; over POST /v1/invoke, the intercept route and, as an MCP client,
+POST /mcp), against the fake tool's scenario routes (examples/fake_tool.rs,
 tests/support/fake_tool.rs) configured as `search`, `big`, `wide`, `fail` and `slow` (see
 toolgate-local.yaml). One line is printed per step; the first mismatch stops the run with a
 message and exit status 1.
@@ -22,9 +23,16 @@ import urllib.error
 import urllib.request
 
 SECRET_MARKER = "RAW-SECRET-MARKER"
-SEARCH_BUDGET = 4
+SEARCH_BUDGET = 5
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+MCP_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+MCP_VERSION = "2025-11-25"
+MCP_TOOLS = ["big", "fail", "search", "slow", "wide"]  # the read-only tools, sorted by name
+SEARCH_SCHEMA = {"type": "object", "required": ["q"],
+                 "properties": {"q": {"type": "string", "maxLength": 512}}}
 LAYERS = ["AGENT", "WORKFLOW", "OPERATOR", "PROVIDER", "HARNESS", "ENVIRONMENT"]
+MCP_METHODS = {"initialize", "server/discover", "ping", "tools/list", "tools/call", "notification",
+               "_other"}
 
 
 class Mismatch(Exception):
@@ -38,6 +46,12 @@ def expect(condition, message):
 
 def http(method, url, body=None, headers=None, timeout=30.0):
     """One request; returns (status, parsed JSON or text, raw text). Never raises on HTTP errors."""
+    status, parsed, text, _ = http_with_headers(method, url, body, headers, timeout)
+    return status, parsed, text
+
+
+def http_with_headers(method, url, body=None, headers=None, timeout=30.0):
+    """http(), plus the response headers (an email.message.Message) as a fourth value."""
     data = None
     hdrs = dict(headers or {})
     if body is not None:
@@ -47,15 +61,15 @@ def http(method, url, body=None, headers=None, timeout=30.0):
     req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
+            status, raw, got = resp.status, resp.read(), resp.headers
     except urllib.error.HTTPError as err:
-        status, raw = err.code, err.read()
+        status, raw, got = err.code, err.read(), err.headers
     text = raw.decode("utf-8", "replace")
     try:
         parsed = json.loads(text) if text else None
     except ValueError:
         parsed = text
-    return status, parsed, text
+    return status, parsed, text, got
 
 
 def short(value, limit=300):
@@ -74,6 +88,8 @@ class Scenario:
         self.run_token = None
         self.passed = 0
         self.ready = []  # (tool_call_id, tool, evidence_status, result) of READY calls, in order
+        self.mcp_version = None  # MCP-Protocol-Version once initialize agreed on one
+        self.mcp_ids = 0
         self.errors = []  # tool_call_ids of calls that ended ERROR after reserving
 
     # -- helpers -------------------------------------------------------------------------------
@@ -120,6 +136,40 @@ class Scenario:
                f"{step}: an ERROR answer carries a result")
         expect(SECRET_MARKER not in text, f"{step}: the answer leaks the raw tool body")
         return body
+
+    def mcp(self, method, params=None, notification=False):
+        """One JSON-RPC message to POST /mcp; returns (status, body, text, headers, id)."""
+        message = {"jsonrpc": "2.0", "method": method}
+        rpc_id = None
+        if not notification:
+            self.mcp_ids += 1
+            rpc_id = message["id"] = self.mcp_ids
+        if params is not None:
+            message["params"] = params
+        headers = {"Authorization": f"Bearer {self.run_token}",
+                   "Accept": "application/json, text/event-stream"}
+        if self.mcp_version:
+            headers["MCP-Protocol-Version"] = self.mcp_version
+        return (*http_with_headers("POST", f"{self.agent}/mcp", message, headers), rpc_id)
+
+    def expect_mcp_result(self, step, resp):
+        """A JSON-RPC result in one application/json response, and no MCP session: the result."""
+        status, body, text, headers, rpc_id = resp
+        expect(status == 200, f"{step}: expected HTTP 200, got {status} {short(text)}")
+        ctype = (headers.get("Content-Type") or "").split(";")[0].strip()
+        expect(ctype == "application/json", f"{step}: Content-Type is {ctype!r}, not application/json")
+        expect(headers.get("Mcp-Session-Id") is None, f"{step}: toolgate issued an Mcp-Session-Id")
+        expect(isinstance(body, dict) and body.get("jsonrpc") == "2.0" and body.get("id") == rpc_id,
+               f"{step}: not the JSON-RPC response to id {rpc_id}: {short(text)}")
+        expect("error" not in body and isinstance(body.get("result"), dict),
+               f"{step}: expected a result, got {short(text)}")
+        return body["result"]
+
+    def mcp_call(self, tool, call_id, arguments, traceparent=None):
+        meta = {"toolgate.dev/run_id": self.run_id, "toolgate.dev/tool_call_id": call_id}
+        if traceparent:
+            meta["traceparent"] = traceparent
+        return self.mcp("tools/call", {"name": tool, "arguments": arguments, "_meta": meta})
 
     def admin_get(self, path):
         return http("GET", f"{self.admin}{path}", headers=self.admin_headers)
@@ -246,6 +296,89 @@ class Scenario:
         self.ready.append((call_id, "search", "EVIDENCE_FOUND", body["result"]))
         self.ok("intercept", "POST /tools/search → READY EVIDENCE_FOUND")
 
+    def mcp_initialize(self):
+        params = {"protocolVersion": MCP_VERSION, "capabilities": {},
+                  "clientInfo": {"name": "toolgate-scenario", "version": "1"}}
+        result = self.expect_mcp_result("mcp initialize", self.mcp("initialize", params))
+        expect(result.get("protocolVersion") == MCP_VERSION,
+               f"mcp initialize: protocolVersion is {result.get('protocolVersion')!r}")
+        expect(isinstance((result.get("capabilities") or {}).get("tools"), dict),
+               f"mcp initialize: no tools capability: {short(result)}")
+        expect((result.get("serverInfo") or {}).get("name") == "toolgate",
+               f"mcp initialize: serverInfo is {short(result.get('serverInfo'))}")
+        self.mcp_version = MCP_VERSION
+        status, _, text, _, _ = self.mcp("notifications/initialized", notification=True)
+        expect(status == 202 and text == "",
+               f"mcp initialized: a notification expects 202 and no body, got {status} {short(text)}")
+        self.ok("mcp initialize", f"protocolVersion {MCP_VERSION}, no session; notification → 202")
+
+    def mcp_tools_list(self):
+        result = self.expect_mcp_result("mcp tools/list", self.mcp("tools/list"))
+        tools = result.get("tools")
+        expect(isinstance(tools, list), f"mcp tools/list: tools is not a list: {short(result)}")
+        names = [t.get("name") for t in tools]
+        expect(names == MCP_TOOLS, f"mcp tools/list: tools {names}, expected {MCP_TOOLS}")
+        for t in tools:
+            expect(isinstance(t.get("description"), str),
+                   f"mcp tools/list: {t['name']} has no string description")
+            expect(t.get("annotations") == {"readOnlyHint": True},
+                   f"mcp tools/list: {t['name']} annotations are {t.get('annotations')!r}")
+            schema = SEARCH_SCHEMA if t["name"] == "search" else {"type": "object"}
+            expect(t.get("inputSchema") == schema,
+                   f"mcp tools/list: {t['name']} inputSchema is {short(t.get('inputSchema'))}")
+        expect("ttlMs" not in result and "cacheScope" not in result,
+               "mcp tools/list: a handshake-era result carries caching fields")
+        self.ok("mcp tools/list", f"{len(tools)} read-only tools with their input schemas")
+
+    def mcp_ready(self):
+        call_id = self.call_id("mcp")
+        result = self.expect_mcp_result(
+            "mcp tools/call", self.mcp_call("search", call_id, {"q": "mcp"}, MCP_TRACEPARENT))
+        expect(result.get("isError") is False, f"mcp tools/call: isError is {result.get('isError')!r}")
+        meta = result.get("_meta") or {}
+        expect(meta.get("toolgate.dev/tool_call_id") == call_id
+               and meta.get("toolgate.dev/evidence_status") == "EVIDENCE_FOUND",
+               f"mcp tools/call: _meta is {short(meta)}")
+        structured = result.get("structuredContent")
+        expect(isinstance(structured, dict), "mcp tools/call: structuredContent is not an object")
+        items = structured.get("items")
+        expect(isinstance(items, list) and 0 < len(items) <= 5 and structured.get("total_items") == 7,
+               f"mcp tools/call: expected 1..5 of 7 items, got {short(structured)}")
+        for item in items:
+            expect(set(item) <= {"title", "url", "snippet"},
+                   f"mcp tools/call: item keeps fields beyond title/url/snippet: {sorted(item)}")
+        content = result.get("content")
+        expect(isinstance(content, list) and len(content) == 1
+               and content[0].get("type") == "text",
+               f"mcp tools/call: content is {short(content)}")
+        try:
+            text_value = json.loads(content[0].get("text") or "")
+        except ValueError:
+            text_value = None
+        expect(text_value == structured, "mcp tools/call: the text content is not the result's JSON")
+        expect("raw_response" not in json.dumps(result), "mcp tools/call: the raw response leaked")
+        self.ready.append((call_id, "search", "EVIDENCE_FOUND", structured))
+        self.mcp_search = call_id
+        self.ok("mcp tools/call", f"READY as structuredContent ({len(items)} of 7 items) and text")
+
+    def mcp_unknown_tool(self):
+        call_id = self.call_id("mcpunknown")
+        result = self.expect_mcp_result(
+            "mcp unknown tool", self.mcp_call("no-such-tool", call_id, {"q": "redis"}))
+        expect(result.get("isError") is True,
+               f"mcp unknown tool: expected an isError result, got {short(result)}")
+        body = result.get("structuredContent") or {}
+        error = body.get("error") or {}
+        expect(body.get("status") == "ERROR" and error.get("code") == "UNKNOWN_TOOL"
+               and body.get("tool_call_id") == call_id and "result" not in body,
+               f"mcp unknown tool: structuredContent is {short(body)}")
+        content = result.get("content") or [{}]
+        expect(str(content[0].get("text", "")).startswith("UNKNOWN_TOOL:"),
+               f"mcp unknown tool: content is {short(content)}")
+        expect((result.get("_meta") or {}).get("toolgate.dev/tool_call_id") == call_id,
+               f"mcp unknown tool: _meta is {short(result.get('_meta'))}")
+        self.ok("mcp unknown tool", "isError result carrying UNKNOWN_TOOL, not a JSON-RPC error")
+
     def budget(self):
         used = sum(1 for r in self.ready if r[1] == "search")
         for n in range(used, SEARCH_BUDGET):
@@ -306,6 +439,16 @@ class Scenario:
         expect(isinstance(rec["ttl_ms"], int) and rec["ttl_ms"] > 0,
                f"record: ttl_ms is {rec['ttl_ms']!r}")
         self.ok("record", "raw_response (7 items, forwarded headers) is kept for the harness")
+
+        status, rec, text = self.admin_get(f"{path}/{self.mcp_search}")
+        expect(status == 200 and rec.get("status") == "READY" and rec.get("request") == {"q": "mcp"},
+               f"mcp record: expected READY with the arguments as request, got {short(text)}")
+        echoed = ((rec.get("raw_response") or {}).get("results") or [{}])[0].get("extra", {}) \
+            .get("request", {})
+        expect(echoed.get("run_id") == self.run_id and echoed.get("tool_call_id") == self.mcp_search
+               and echoed.get("traceparent") == MCP_TRACEPARENT,
+               f"mcp record: the _meta ids and traceparent were not forwarded: {echoed}")
+        self.ok("mcp record", "the arguments are the request; _meta ids and traceparent forwarded")
 
         status, rec, text = self.admin_get(f"{path}/{self.fail_call}")
         expect(status == 200 and rec.get("status") == "ERROR"
@@ -388,7 +531,8 @@ class Scenario:
         need("toolgate_result_too_large_total", stage="agent", tool="wide")
         need("toolgate_preflight_rejections_total", tool="search", code="DUPLICATE_TOOL_CALL")
         need("toolgate_preflight_rejections_total", tool="search", code="BUDGET_EXHAUSTED")
-        need("toolgate_preflight_rejections_total", tool="_unknown", code="UNKNOWN_TOOL")
+        # One unknown tool on /v1/invoke, one over MCP: counted alike.
+        need("toolgate_preflight_rejections_total", 2, tool="_unknown", code="UNKNOWN_TOOL")
         need("toolgate_preflight_rejections_total", code="UNAUTHENTICATED")
         need("toolgate_failures_total", layer="PROVIDER", code="TOOL_EXECUTION_FAILED")
         need("toolgate_failures_total", layer="PROVIDER", code="TOOL_TIMEOUT")
@@ -402,6 +546,11 @@ class Scenario:
              le="+Inf")
         need("toolgate_upstream_duration_seconds_count", 3, tool="search")
         need("toolgate_store_operation_duration_seconds_count")
+        need("toolgate_mcp_requests_total", method="initialize", outcome="ok")
+        need("toolgate_mcp_requests_total", method="notification", outcome="ok")
+        need("toolgate_mcp_requests_total", method="tools/list", outcome="ok")
+        need("toolgate_mcp_requests_total", method="tools/call", outcome="ok")
+        need("toolgate_mcp_requests_total", method="tools/call", outcome="error")
         expect(any(n == "toolgate_invocations_in_flight" and ls.get("tool") == "search"
                    for n, ls, _ in samples),
                'metrics: toolgate_invocations_in_flight{tool="search"} is missing')
@@ -412,6 +561,9 @@ class Scenario:
                 expect("op" in ls, f"metrics: {n} without an op label")
             if n == "toolgate_config_reloads_total":
                 expect(ls.get("result") in ("ok", "error"), f"metrics: {n} result {ls}")
+            if n == "toolgate_mcp_requests_total":
+                expect(ls.get("method") in MCP_METHODS and ls.get("outcome") in ("ok", "error"),
+                       f"metrics: {n} labels {ls}")
         for label_set in (ls for _, ls, _ in samples):
             tool = label_set.get("tool")
             expect(tool is None or tool in {"search", "big", "wide", "fail", "slow", "_unknown"},
@@ -461,7 +613,9 @@ def main():
     steps = [scenario.wait_ready, scenario.create_run, scenario.unauthenticated,
              scenario.unknown_tool, scenario.search_found, scenario.search_nothing,
              scenario.too_large_raw, scenario.too_large_agent, scenario.duplicate,
-             scenario.failing_tool, scenario.slow_tool, scenario.intercept, scenario.budget,
+             scenario.failing_tool, scenario.slow_tool, scenario.intercept,
+             scenario.mcp_initialize, scenario.mcp_tools_list, scenario.mcp_ready,
+             scenario.mcp_unknown_tool, scenario.budget,
              scenario.facts, scenario.records, scenario.run_state, scenario.end_run,
              scenario.attribution, scenario.metrics]
     try:

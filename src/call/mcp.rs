@@ -20,7 +20,8 @@ use hyper::StatusCode;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use serde_json::{Value, json};
 
-use super::upstream::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body};
+use super::upstream::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
+use crate::body::value_depth;
 
 /// The protocol revision toolgate asks an upstream for in `initialize`.
 const CLIENT_VERSION: &str = "2025-11-25";
@@ -103,7 +104,7 @@ impl Upstream {
                 retried = true;
                 continue;
             }
-            return answer(response, id, req.raw_bytes).await;
+            return answer(response, id, req.raw_bytes, req.json_depth).await;
         }
     }
 
@@ -122,7 +123,7 @@ impl Upstream {
         });
         let response = self.post(req, None, &message).await?;
         let session_id = response.headers().get("mcp-session-id").cloned();
-        let reply = answer(response, id, HANDSHAKE_BYTES)
+        let reply = answer(response, id, HANDSHAKE_BYTES, req.json_depth)
             .await
             .map_err(|e| match e {
                 UpstreamError::TooLarge { status } => UpstreamError::Unreachable(format!(
@@ -186,6 +187,7 @@ async fn answer(
     response: hyper::Response<hyper::body::Incoming>,
     id: u64,
     raw_bytes: u64,
+    json_depth: usize,
 ) -> Result<Reply, UpstreamError> {
     let status = response.status().as_u16();
     let is_stream = response
@@ -211,10 +213,12 @@ async fn answer(
         let body = read_body(response, raw_bytes).await?;
         serde_json::from_slice::<Value>(&body).ok()
     };
-    Ok(Reply {
-        status,
-        raw: outcome(message, id),
-    })
+    let raw = match message {
+        // The result sits one level below the message.
+        Some(m) if value_depth(&m) > json_depth + 1 => Err(too_deep()),
+        message => outcome(message, id),
+    };
+    Ok(Reply { status, raw })
 }
 
 /// A JSON-RPC response turned into the raw response or a failure.

@@ -2,8 +2,8 @@
 //! through.
 //!
 //! ```text
-//! handle: admit ──────────────────────────────▶ execute ─────────────▶ finalize ──▶ Answer
-//!         preflight 1–9 (no store) → reserve      upstream → project      store CAS
+//! handle: admit ────────────────────────────────────▶ execute ─────────────▶ finalize ──▶ Answer
+//!         preflight 1–9 (no store) → 9b roles → reserve   upstream → project      store CAS
 //! ```
 //!
 //! Front ends (`listen::agent` today) only turn their wire format into an [`Incoming`] and an
@@ -12,6 +12,7 @@
 pub mod mcp;
 pub mod preflight;
 pub mod projection;
+pub mod roles;
 pub mod runs;
 pub mod upstream;
 
@@ -205,6 +206,21 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
         input,
     } = identified.authorize(run.as_ref().and_then(|r| r.tools.as_deref()))?;
 
+    // 9b. Parameter roles: what the call may touch, judged on the canonical values. A run this
+    // sidecar does not know yet is judged on the current defaults; its reservation then
+    // answers for it.
+    let paths = run.as_ref().map_or(&policy.paths, |r| &r.paths);
+    let checked = match roles::check(&tool, paths, input, &roles::SystemResolver).await {
+        Ok(checked) => checked,
+        Err(error) => {
+            return Err(Rejection {
+                error,
+                tool_call_id: Some(tool_call_id),
+                tool: Some(tool.name.clone()),
+            });
+        }
+    };
+
     // Registered before reserving, so a cancel that lands after the reservation is seen.
     let guard = state.calls.enter(&run_id);
     // Checked again once registered: either the drain sees this call, or this call sees the
@@ -213,13 +229,14 @@ async fn admit(state: &State, incoming: &Incoming) -> Result<Reserved, Rejection
         return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let now = clock::now_ms();
-    let record = Record::projecting(
+    let mut record = Record::projecting(
         run_id.clone(),
         tool_call_id.clone(),
         tool.name.clone(),
-        input,
+        checked.input,
         now,
     );
+    record.agent_input = checked.agent_input.unwrap_or(Value::Null);
     if let Err(error) = state.store.reserve(&record, now).await {
         return Err(Rejection {
             error,
@@ -295,6 +312,7 @@ async fn execute(
         traceparent: incoming.traceparent(),
         auth: tool.upstream_auth.as_ref(),
         raw_bytes: tool.limits.raw_bytes,
+        json_depth: tool.limits.json_depth,
     };
     let started = Instant::now();
     let answered = tokio::select! {

@@ -10,6 +10,7 @@ use hyper::header::HeaderValue;
 use serde_json::{Map, Value};
 
 use crate::auth::Tokens;
+use crate::body::value_depth;
 use crate::config::{Policy, Tool};
 use crate::error::{Code, Error};
 use crate::ids::{RunId, ToolCallId, ToolName};
@@ -257,6 +258,10 @@ impl Identified {
         let Some(input @ Value::Object(_)) = self.input else {
             return Err(reject(Code::InvalidInput));
         };
+        // Nested no deeper than limits.json_depth, so the record that holds it stays readable.
+        if value_depth(&input) > self.tool.limits.json_depth {
+            return Err(reject(Code::InvalidInput));
+        }
         if let Some(schema) = &self.tool.schema
             && !schema.is_valid(&input)
         {

@@ -1,5 +1,5 @@
-//! What this sidecar keeps about runs between calls: the run-spec cache (so preflight step 7
-//! costs no store read), the calls in flight (per-run cancellation), and the drain count.
+//! What this sidecar keeps about runs between calls: the run-spec cache (so preflight steps 7
+//! and 9b cost no store read), the calls in flight (per-run cancellation), and the drain count.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, watch};
 
 use crate::clock;
+use crate::config::RunPaths;
 use crate::ids::RunId;
 use crate::store::RunView;
 
@@ -15,6 +16,8 @@ use crate::store::RunView;
 pub struct RunSpec {
     pub tools: Option<Vec<String>>,
     pub deadline_ms: u64,
+    /// What the run's path arguments are judged against (preflight step 9b).
+    pub paths: RunPaths,
 }
 
 /// Caches run specs: tools and deadline never change after creation, so a cached copy is
@@ -46,6 +49,10 @@ impl RunCache {
         let spec = Arc::new(RunSpec {
             tools: run.tools.clone(),
             deadline_ms: run.deadline_ms,
+            paths: RunPaths {
+                workspace: run.workspace.clone(),
+                home: run.home.clone(),
+            },
         });
         let mut runs = self.lock();
         if runs.len() >= Self::MAX {

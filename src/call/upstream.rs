@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use super::mcp::McpSessions;
-use crate::body::{ReadError, read_capped};
+use crate::body::{ReadError, json_depth, read_capped};
 use crate::config::Protocol;
 
 /// One request to a tool service.
@@ -30,6 +30,8 @@ pub struct ToolRequest<'a> {
     pub auth: Option<&'a HeaderValue>,
     /// Reading stops once the body exceeds this many bytes.
     pub raw_bytes: u64,
+    /// A raw response nested deeper than this is a failure, and is not kept.
+    pub json_depth: usize,
 }
 
 /// A tool's answer, read completely and within the cap.
@@ -145,6 +147,12 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let status = response.status().as_u16();
         let body = read_body(response, req.raw_bytes).await?;
+        if json_depth(&body) > req.json_depth {
+            return Ok(Reply {
+                status,
+                raw: Err(too_deep()),
+            });
+        }
         let raw = match serde_json::from_slice::<Value>(&body) {
             Ok(raw) if (200..300).contains(&status) => Ok(raw),
             Ok(raw) => Err(Failed {
@@ -157,6 +165,15 @@ impl Upstream {
             }),
         };
         Ok(Reply { status, raw })
+    }
+}
+
+/// A raw response nested deeper than `limits.json_depth`: nothing of it is kept, so every
+/// record stays readable.
+pub(super) fn too_deep() -> Failed {
+    Failed {
+        raw: Value::Null,
+        why: "tool answer nested deeper than limits.json_depth".into(),
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::error::Role;
 use crate::ids::ToolName;
 
 pub use watch::{LivePolicy, Reload};
@@ -44,6 +45,22 @@ struct RawConfig {
     runs: RawRuns,
     #[serde(default)]
     tools: Vec<RawTool>,
+    #[serde(default)]
+    paths: RawPaths,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPaths {
+    workspace: Option<String>,
+    home: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    allow_hosts: Option<Vec<String>>,
+    deny_private: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -52,6 +69,16 @@ struct RawListen {
     agent: Option<String>,
     admin: Option<String>,
     telemetry: Option<String>,
+    #[serde(default)]
+    max_connections: RawConnections,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConnections {
+    agent: Option<u64>,
+    admin: Option<u64>,
+    telemetry: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -70,6 +97,7 @@ struct RawStore {
     record_ttl_ms: Option<u64>,
     durability: Option<String>,
     timeout_ms: Option<u64>,
+    memory_max_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -79,6 +107,7 @@ struct RawLimits {
     raw_bytes: Option<u64>,
     agent_bytes: Option<u64>,
     record_bytes: Option<u64>,
+    json_depth: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,6 +136,9 @@ struct RawTool {
     upstream_token_file: Option<PathBuf>,
     protocol: Option<String>,
     remote_name: Option<String>,
+    params: Option<std::collections::BTreeMap<String, String>>,
+    read_roots: Option<Vec<String>>,
+    network: Option<RawNetwork>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -134,6 +166,27 @@ pub struct ListenConfig {
     pub agent: SocketAddr,
     pub admin: SocketAddr,
     pub telemetry: SocketAddr,
+    /// Open connections each listener serves at once; past it a new one is refused at once.
+    pub max_connections: Connections,
+}
+
+/// `listen.max_connections`. The defaults keep the sidecar's connection memory a small part of
+/// the 64 MiB the injector gives it (an idle connection costs a few KiB; see the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Connections {
+    pub agent: usize,
+    pub admin: usize,
+    pub telemetry: usize,
+}
+
+impl Default for Connections {
+    fn default() -> Connections {
+        Connections {
+            agent: 512,
+            admin: 128,
+            telemetry: 32,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -207,7 +260,12 @@ pub struct StoreConfig {
     pub record_ttl_ms: u64,
     pub durability: Durability,
     pub timeout: Duration,
+    /// The memory store's bound: a reservation past it fails closed (`STORE_UNAVAILABLE`).
+    pub memory_max_bytes: u64,
 }
+
+/// `store.memory_max_bytes` by default: 128 MiB.
+pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 128 << 20;
 
 /// Byte limits; each may be overridden per tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -216,7 +274,15 @@ pub struct Limits {
     pub raw_bytes: u64,
     pub agent_bytes: u64,
     pub record_bytes: u64,
+    /// The deepest nesting of arrays and objects accepted in the agent's input and in a raw
+    /// response. A record nests them two levels deeper, so with at most [`MAX_JSON_DEPTH`] every
+    /// record written stays readable.
+    pub json_depth: usize,
 }
+
+/// The largest `json_depth` accepted: records nest the input and the raw response two levels
+/// deeper, well within the 128 levels every reader parses.
+pub const MAX_JSON_DEPTH: u64 = 100;
 
 /// Defaults and bounds for new runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +313,86 @@ pub enum Protocol {
     Mcp { remote_name: String },
 }
 
+/// One declared argument role: where in the input (a JSON Pointer whose `*` segments match
+/// every element of an array) and what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    /// The pointer as written, for logs.
+    pub pointer: String,
+    pub segments: Vec<Segment>,
+    pub role: Role,
+}
+
+/// One segment of a [`Param`] pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Segment {
+    Key(String),
+    /// `*`: every element of an array.
+    Each,
+}
+
+/// What a tool's `network_target` arguments may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    /// Hosts exempt from the address rule (the list restricts nothing).
+    pub allow_hosts: Vec<HostPattern>,
+    /// Refuse hosts that are, or resolve to, loopback, private, link-local and the like.
+    pub deny_private: bool,
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            allow_hosts: Vec::new(),
+            deny_private: true,
+        }
+    }
+}
+
+/// An `allow_hosts` entry: lowercase, trailing dot dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    Exact(String),
+    /// `*.example.com`, kept as `.example.com`: every subdomain, not the domain itself.
+    Subdomains(String),
+}
+
+impl HostPattern {
+    /// Whether `host` (as the URL parser serialized it) matches.
+    pub fn matches(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        match self {
+            HostPattern::Exact(h) => host == *h,
+            HostPattern::Subdomains(suffix) => host.len() > suffix.len() && host.ends_with(suffix),
+        }
+    }
+}
+
+/// The `workspace` and `home` a run's paths are judged against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunPaths {
+    pub workspace: String,
+    pub home: String,
+}
+
+impl Default for RunPaths {
+    fn default() -> RunPaths {
+        RunPaths {
+            workspace: "/workspace".into(),
+            home: "/home/agent".into(),
+        }
+    }
+}
+
+/// A run's `workspace` or `home`: absolute, normalized, and not `/`.
+pub fn run_path(value: &str) -> Option<String> {
+    if !value.starts_with('/') || value.contains('\0') {
+        return None;
+    }
+    let path = crate::paths::normalize(value);
+    (path != "/").then_some(path)
+}
+
 /// One configured tool, with its schema compiled and its limits resolved.
 pub struct Tool {
     pub name: ToolName,
@@ -266,6 +412,11 @@ pub struct Tool {
     pub upstream_auth: Option<hyper::header::HeaderValue>,
     /// Where that token is read from (watched for rotation; the path is not secret).
     pub upstream_token_file: Option<PathBuf>,
+    /// Argument roles, checked at preflight step 9b.
+    pub params: Vec<Param>,
+    /// Absolute, normalized roots a path may also be in, besides the run's workspace.
+    pub read_roots: Vec<String>,
+    pub network: Network,
 }
 
 impl std::fmt::Debug for Tool {
@@ -286,6 +437,8 @@ pub struct Policy {
     pub tools: HashMap<ToolName, Arc<Tool>>,
     /// The read cap for a request body whose tool is not known yet: the largest limit + 1.
     pub max_request_bytes: u64,
+    /// Defaults for runs created while this policy is live.
+    pub paths: RunPaths,
 }
 
 impl Policy {
@@ -299,6 +452,7 @@ const DEFAULT_LIMITS: Limits = Limits {
     raw_bytes: 1_048_576,
     agent_bytes: 16_384,
     record_bytes: 1_179_648,
+    json_depth: 64,
 };
 
 impl Config {
@@ -380,6 +534,16 @@ impl RawLimits {
                 self.record_bytes,
                 base.record_bytes,
             )?,
+            json_depth: match self.json_depth {
+                None => base.json_depth,
+                Some(d @ 1..=MAX_JSON_DEPTH) => d as usize,
+                Some(_) => {
+                    return Err(bad(
+                        &format!("{prefix}.json_depth"),
+                        format!("must be between 1 and {MAX_JSON_DEPTH}"),
+                    ));
+                }
+            },
         })
     }
 }
@@ -394,6 +558,21 @@ impl RawConfig {
                 self.listen.telemetry,
                 SocketAddr::from(([0, 0, 0, 0], TELEMETRY_PORT)),
             )?,
+            max_connections: {
+                let d = Connections::default();
+                let m = &self.listen.max_connections;
+                Connections {
+                    agent: positive("listen.max_connections.agent", m.agent, d.agent as u64)?
+                        as usize,
+                    admin: positive("listen.max_connections.admin", m.admin, d.admin as u64)?
+                        as usize,
+                    telemetry: positive(
+                        "listen.max_connections.telemetry",
+                        m.telemetry,
+                        d.telemetry as u64,
+                    )? as usize,
+                }
+            },
         };
         let admin = AdminConfig {
             token_file: self.admin.token_file,
@@ -440,9 +619,99 @@ impl RawConfig {
                 runs,
                 tools,
                 max_request_bytes,
+                paths: self.paths.validate()?,
             }),
         })
     }
+}
+
+impl RawPaths {
+    fn validate(self) -> Result<RunPaths, ConfigError> {
+        let defaults = RunPaths::default();
+        let path = |key: &str, v: Option<String>, default: String| match v {
+            None => Ok(default),
+            Some(v) => {
+                run_path(&v).ok_or_else(|| bad(key, "must be an absolute path other than /"))
+            }
+        };
+        Ok(RunPaths {
+            workspace: path("paths.workspace", self.workspace, defaults.workspace)?,
+            home: path("paths.home", self.home, defaults.home)?,
+        })
+    }
+}
+
+impl RawNetwork {
+    fn validate(self, key: &str) -> Result<Network, ConfigError> {
+        let mut allow_hosts = Vec::new();
+        for (i, host) in self.allow_hosts.unwrap_or_default().into_iter().enumerate() {
+            let entry_key = format!("{key}.allow_hosts[{i}]");
+            let lower = host.trim_end_matches('.').to_ascii_lowercase();
+            let pattern = match lower.strip_prefix("*.") {
+                Some(domain) => HostPattern::Subdomains(format!(".{domain}")),
+                None => HostPattern::Exact(lower.clone()),
+            };
+            let name = lower.trim_start_matches("*.");
+            let plain = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b));
+            if !plain || name.contains('*') {
+                return Err(bad(
+                    &entry_key,
+                    "must be a host name, an IP literal, or *.domain",
+                ));
+            }
+            allow_hosts.push(pattern);
+        }
+        Ok(Network {
+            allow_hosts,
+            deny_private: self.deny_private.unwrap_or(true),
+        })
+    }
+}
+
+/// A `params` key: a JSON Pointer (RFC 6901) into the input, `*` for every array element.
+fn param(key: &str, pointer: &str, role: &str) -> Result<Param, ConfigError> {
+    let role = match role {
+        "path" => Role::Path,
+        "source_path" => Role::SourcePath,
+        "network_target" => Role::NetworkTarget,
+        other => {
+            return Err(bad(
+                key,
+                format!("{other:?} is not one of path, source_path, network_target"),
+            ));
+        }
+    };
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(bad(key, "must be a JSON Pointer starting with /"));
+    };
+    let mut segments = Vec::new();
+    for raw in rest.split('/') {
+        if raw == "*" {
+            segments.push(Segment::Each);
+            continue;
+        }
+        let mut segment = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '~' => match chars.next() {
+                    Some('0') => segment.push('~'),
+                    Some('1') => segment.push('/'),
+                    _ => return Err(bad(key, "has a ~ that is not ~0 or ~1")),
+                },
+                c => segment.push(c),
+            }
+        }
+        segments.push(Segment::Key(segment));
+    }
+    Ok(Param {
+        pointer: pointer.to_string(),
+        segments,
+        role,
+    })
 }
 
 impl RawStore {
@@ -476,6 +745,11 @@ impl RawStore {
             record_ttl_ms: positive("store.record_ttl_ms", self.record_ttl_ms, 86_400_000)?,
             durability,
             timeout: Duration::from_millis(positive("store.timeout_ms", self.timeout_ms, 500)?),
+            memory_max_bytes: positive(
+                "store.memory_max_bytes",
+                self.memory_max_bytes,
+                DEFAULT_MEMORY_MAX_BYTES,
+            )?,
         })
     }
 }
@@ -530,6 +804,21 @@ impl RawTool {
                 ));
             }
         };
+        let mut params = Vec::new();
+        for (pointer, role) in self.params.unwrap_or_default() {
+            params.push(param(&key(&format!("params.{pointer}")), &pointer, &role)?);
+        }
+        let mut read_roots = Vec::new();
+        for (n, root) in self.read_roots.unwrap_or_default().into_iter().enumerate() {
+            if !root.starts_with('/') || root.contains('\0') {
+                return Err(bad(
+                    &key(&format!("read_roots[{n}]")),
+                    "must be an absolute path",
+                ));
+            }
+            read_roots.push(crate::paths::normalize(&root));
+        }
+        let network = self.network.unwrap_or_default().validate(&key("network"))?;
         let upstream_auth = match &self.upstream_token_file {
             None => None,
             Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
@@ -551,6 +840,9 @@ impl RawTool {
             description: self.description.unwrap_or_default(),
             upstream_auth,
             upstream_token_file: self.upstream_token_file,
+            params,
+            read_roots,
+            network,
         })
     }
 }
@@ -604,6 +896,8 @@ mod tests {
             ("store: {durability: sometimes}", "store.durability"),
             ("listen: {agent: nowhere}", "listen.agent"),
             ("limits: {raw_bytes: 0}", "limits.raw_bytes"),
+            ("limits: {json_depth: 0}", "limits.json_depth"),
+            ("limits: {json_depth: 101}", "limits.json_depth"),
             (
                 "tools: [{name: 'a b', upstream: 'http://x/'}]",
                 "tools[0].name",
@@ -624,6 +918,32 @@ mod tests {
                 "tools: [{name: a, upstream: 'http://x/'}, {name: a, upstream: 'http://y/'}]",
                 "tools[1].name",
             ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {/x: file}}]",
+                "tools[0].params./x",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {x: path}}]",
+                "tools[0].params.x",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', params: {/a~2: path}}]",
+                "tools[0].params./a~2",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_roots: [usr/share]}]",
+                "tools[0].read_roots[0]",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', network: {allow_hosts: ['a b']}}]",
+                "tools[0].network.allow_hosts[0]",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', network: {allow_hosts: ['a.*.com']}}]",
+                "tools[0].network.allow_hosts[0]",
+            ),
+            ("paths: {workspace: relative}", "paths.workspace"),
+            ("paths: {home: /}", "paths.home"),
         ] {
             let e = Config::parse(yaml).unwrap_err();
             assert!(e.0.starts_with(key), "{yaml}: {e}");
@@ -696,6 +1016,38 @@ mod tests {
         ))
         .unwrap_err();
         assert!(!e.0.contains("s3cret") && e.0.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn roles_are_parsed_at_load() {
+        let c = Config::parse(
+            "paths: {workspace: /srv/ws/, home: /home/u/../agent}\ntools: [{name: a, upstream: 'http://x/', params: {/files/*/p~1q: path, /url: network_target}, read_roots: [/usr/share/doc/], network: {allow_hosts: ['*.Example.COM.', '10.0.0.1'], deny_private: false}}]",
+        )
+        .expect("valid");
+        assert_eq!(c.policy.paths.workspace, "/srv/ws");
+        assert_eq!(c.policy.paths.home, "/home/agent");
+        let a = c.policy.tool("a").expect("a");
+        assert_eq!(a.read_roots, ["/usr/share/doc"]);
+        let files = a
+            .params
+            .iter()
+            .find(|p| p.role == Role::Path)
+            .expect("path");
+        assert_eq!(
+            files.segments,
+            [
+                Segment::Key("files".into()),
+                Segment::Each,
+                Segment::Key("p/q".into())
+            ]
+        );
+        assert!(!a.network.deny_private);
+        assert!(a.network.allow_hosts[0].matches("docs.example.com"));
+        assert!(!a.network.allow_hosts[0].matches("example.com"));
+        assert!(a.network.allow_hosts[1].matches("10.0.0.1"));
+        let e = Config::parse("tools: [{name: a, upstream: 'http://x/', network: {deny: 1}}]")
+            .unwrap_err();
+        assert!(e.0.contains("deny"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::http;
 use crate::body::read_capped;
 use crate::call::State;
 use crate::clock;
+use crate::config::{RunPaths, run_path};
 use crate::error::{Code, Error, Result};
 use crate::ids::{RunId, ToolCallId};
 use crate::store::{self, Budget, Close, NewRun, RunState, RunView};
@@ -22,6 +23,10 @@ const MAX_BODY: u64 = 65_536;
 
 /// Serves one admin request. Never fails: errors become the contract's error body.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http::Body> {
+    // The API description is public: it names routes and shapes, nothing of a run.
+    if req.method() == Method::GET && req.uri().path() == "/openapi.json" {
+        return http::bytes(StatusCode::OK, openapi().to_vec());
+    }
     if !state.tokens.is_admin(req.headers()) {
         return http::error(Code::Unauthenticated, None);
     }
@@ -81,6 +86,16 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
     }
 }
 
+/// `docs/openapi.yaml`, the one description of the wire API, as JSON.
+fn openapi() -> &'static [u8] {
+    static DOC: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    DOC.get_or_init(|| {
+        let doc: Value = serde_saphyr::from_str(include_str!("../../docs/openapi.yaml"))
+            .unwrap_or_else(|_| json!({}));
+        serde_json::to_vec(&doc).unwrap_or_default()
+    })
+}
+
 fn run_id(s: &str) -> Result<RunId> {
     RunId::parse(s).ok_or(Error::new(Code::InvalidInput))
 }
@@ -93,6 +108,8 @@ struct CreateRun {
     tools: Option<Vec<String>>,
     #[serde(default)]
     budget: BudgetInput,
+    workspace: Option<String>,
+    home: Option<String>,
 }
 
 #[derive(Default, Deserialize)]
@@ -110,7 +127,17 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
     let input: CreateRun =
         serde_json::from_slice(&body).map_err(|e| Error::with_cause(Code::InvalidInput, e))?;
     let run_id = run_id(&input.run_id)?;
-    let runs = state.policy.get().runs;
+    let policy = state.policy.get();
+    let runs = policy.runs;
+    let path = |v: Option<String>, default: &String| match v {
+        None => Ok(default.clone()),
+        Some(v) => run_path(&v)
+            .ok_or_else(|| Error::with_cause(Code::InvalidInput, "workspace or home not absolute")),
+    };
+    let paths = RunPaths {
+        workspace: path(input.workspace, &policy.paths.workspace)?,
+        home: path(input.home, &policy.paths.home)?,
+    };
     let timeout_ms = input.timeout_ms.unwrap_or(runs.default_timeout_ms);
     if timeout_ms == 0 || timeout_ms > runs.max_timeout_ms {
         return Err(Error::with_cause(
@@ -132,6 +159,7 @@ async fn create_run(state: &State, req: Request<Incoming>) -> Result<(StatusCode
                 .unwrap_or(runs.default_max_record_bytes),
         },
         tools: input.tools,
+        paths,
     };
     let view = state.store.create_run(run).await?;
     state.runs.put(&view);
@@ -179,5 +207,22 @@ fn run_json(run: &RunView) -> Value {
         "record_bytes_used": run.record_bytes_used,
         "budget": run.budget,
         "tools": run.tools,
+        "workspace": run.workspace,
+        "home": run.home,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_openapi_document_parses() {
+        let doc: Value = serde_json::from_slice(openapi()).expect("JSON");
+        assert_eq!(
+            doc["openapi"], "3.1.0",
+            "docs/openapi.yaml did not parse as YAML"
+        );
+        assert!(doc["paths"].is_object());
+    }
 }

@@ -15,12 +15,16 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
+use super::framing::{Marks, Watched};
 use crate::error::{self, Code};
 use crate::ids::ToolCallId;
 
@@ -63,18 +67,34 @@ pub struct Serving {
     pub header_read_timeout: Duration,
     /// How long open connections get to finish their last response once the listener stops.
     pub close_grace: Duration,
+    /// Open connections served at once; past it a new one is refused at once.
+    pub max_connections: usize,
 }
 
 impl Serving {
-    /// Plain HTTP/1.1, as the sidecar's three listeners serve.
-    pub fn plain() -> Serving {
+    /// Plain HTTP/1.1, as the agent and admin listeners serve: a client gets 30 s for its head.
+    pub fn plain(max_connections: usize) -> Serving {
         Serving {
             tls: None,
             header_read_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(5),
+            max_connections,
+        }
+    }
+
+    /// The telemetry listener: Prometheus and the kubelet send their request at once, so an
+    /// idle connection there is dropped after 5 s.
+    pub fn telemetry(max_connections: usize) -> Serving {
+        Serving {
+            header_read_timeout: Duration::from_secs(5),
+            ..Serving::plain(max_connections)
         }
     }
 }
+
+/// What a connection past the cap is told before it is closed.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
 /// A TLS handshake must finish within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,13 +112,22 @@ pub async fn serve<F, Fut>(
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let mut connections = JoinSet::new();
+    let open = Arc::new(Semaphore::new(serving.max_connections));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Ok(permit) = open.clone().try_acquire_owned() else {
+                        // Refused at once: a best-effort 503, never a wait.
+                        let _ = stream.try_write(BUSY);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let task = connection(stream, serving.clone(), handler.clone(), stop.clone());
-                    connections.spawn(task);
+                    connections.spawn(async move {
+                        task.await;
+                        drop(permit);
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and similar: back off instead of spinning.
@@ -152,14 +181,24 @@ where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
-    let service = service_fn(move |req| {
+    let marks = Marks::new();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let watched = marks.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
         let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler(req).await) }
+        let n = requests.fetch_add(1, Ordering::Relaxed);
+        let smuggled = watched.is_smuggled(n);
+        async move {
+            if smuggled {
+                return Ok::<_, Infallible>(two_framings());
+            }
+            Ok::<_, Infallible>(handler(req).await)
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(serving.header_read_timeout)
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(Watched::new(stream, marks)), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
@@ -171,6 +210,19 @@ where
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
     }
+}
+
+/// The answer to a request framed two ways (`Content-Length` together with
+/// `Transfer-Encoding`, the request-smuggling shape): 400, and the connection closes.
+fn two_framings() -> Response<Body> {
+    let mut resp = text(
+        StatusCode::BAD_REQUEST,
+        "Content-Length and Transfer-Encoding together are not accepted.\n",
+        "text/plain; charset=utf-8",
+    );
+    resp.headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 /// Resolves once `stop` turns true (or its sender is gone).

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod agent;
+mod framing;
 pub mod http;
 pub mod mcp;
 pub mod telemetry;
@@ -104,21 +105,21 @@ pub async fn run(
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.agent,
-        Serving::plain(),
+        Serving::plain(config.listen.max_connections.agent),
         move |req| agent::handle(s.clone(), req),
         stopped.clone(),
     ));
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.admin,
-        Serving::plain(),
+        Serving::plain(config.listen.max_connections.admin),
         move |req| admin::handle(s.clone(), req),
         stopped.clone(),
     ));
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.telemetry,
-        Serving::plain(),
+        Serving::telemetry(config.listen.max_connections.telemetry),
         move |req| telemetry::handle(s.clone(), req),
         stopped,
     ));

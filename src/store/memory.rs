@@ -20,13 +20,25 @@ type Instant = u64;
 /// Embedded store.
 pub struct MemoryStore {
     record_ttl_ms: u64,
+    /// A reservation that would take the store past this many bytes fails closed.
+    max_bytes: u64,
     inner: Mutex<Inner>,
 }
+
+/// What one record costs besides its key and body: the map and heap entries and the headers of
+/// the strings (measured on 64-bit Linux, rounded up).
+const RECORD_OVERHEAD: u64 = 160;
+/// What one run costs besides its progress list (its view, budget map, entries).
+const RUN_OVERHEAD: u64 = 512;
+/// What one progress entry costs besides the id's bytes.
+const PROGRESS_OVERHEAD: u64 = 32;
 
 #[derive(Default)]
 struct Inner {
     runs: HashMap<RunId, Expiring<RunEntry>>,
     records: HashMap<(RunId, ToolCallId), Expiring<String>>,
+    /// The bytes the runs and records above take, by the estimate of the constants above.
+    bytes: u64,
     /// Every key's expiry instant, soonest first: expired keys are dropped in O(log n) each,
     /// so memory stays bounded by the TTLs without ever scanning the whole store.
     expiry: BinaryHeap<Reverse<(Instant, Key)>>,
@@ -41,6 +53,12 @@ enum Key {
 struct RunEntry {
     run: RunView,
     progress: Vec<ToolCallId>,
+    /// What this entry counts in `Inner::bytes`.
+    size: u64,
+}
+
+fn record_size(key: &(RunId, ToolCallId), body: &str) -> u64 {
+    (key.0.len() + key.1.len() + body.len()) as u64 + RECORD_OVERHEAD
 }
 
 struct Expiring<T> {
@@ -55,11 +73,24 @@ impl<T> Expiring<T> {
 }
 
 impl MemoryStore {
+    /// A store without a byte bound (tests, the demo).
     pub fn new(record_ttl_ms: u64) -> MemoryStore {
+        MemoryStore::bounded(record_ttl_ms, u64::MAX)
+    }
+
+    /// A store that holds at most about `max_bytes` of runs and records: a reservation that
+    /// would go past it fails closed with `STORE_UNAVAILABLE`; nothing is ever evicted early.
+    pub fn bounded(record_ttl_ms: u64, max_bytes: u64) -> MemoryStore {
         MemoryStore {
             record_ttl_ms,
+            max_bytes,
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// The bytes held now, by the store's estimate.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -85,22 +116,53 @@ impl Inner {
             match key {
                 Key::Run(id) => {
                     if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
-                        self.runs.remove(&id);
+                        self.remove_run(&id);
                     }
                 }
                 Key::Record(run, id) => {
                     let key = (run, id);
                     if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
-                        self.records.remove(&key);
+                        self.remove_record(&key);
                     }
                 }
             }
         }
     }
 
+    /// Fails closed when `size` more bytes would take the store past `max_bytes`.
+    fn room_for(&self, size: u64, max_bytes: u64) -> Result<(), Error> {
+        if self.bytes.saturating_add(size) > max_bytes {
+            return Err(Error::store(format!(
+                "memory store full: {} of {max_bytes} bytes held (store.memory_max_bytes)",
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+
+    fn remove_run(&mut self, run_id: &RunId) {
+        if let Some(e) = self.runs.remove(run_id) {
+            self.bytes = self.bytes.saturating_sub(e.value.size);
+        }
+    }
+
+    fn remove_record(&mut self, key: &(RunId, ToolCallId)) {
+        if let Some(e) = self.records.remove(key) {
+            self.bytes = self.bytes.saturating_sub(record_size(key, &e.value));
+        }
+    }
+
+    /// Inserts or replaces a record, keeping the byte count.
+    fn put_record(&mut self, key: (RunId, ToolCallId), record: Expiring<String>) {
+        self.bytes += record_size(&key, &record.value);
+        if let Some(old) = self.records.insert(key.clone(), record) {
+            self.bytes = self.bytes.saturating_sub(record_size(&key, &old.value));
+        }
+    }
+
     fn run(&mut self, run_id: &RunId, now: Instant) -> Option<&mut RunEntry> {
         if self.runs.get(run_id).is_some_and(|e| !e.live(now)) {
-            self.runs.remove(run_id);
+            self.remove_run(run_id);
         }
         self.runs.get_mut(run_id).map(|e| &mut e.value)
     }
@@ -113,7 +175,7 @@ impl Inner {
     ) -> Option<&Expiring<String>> {
         let key = (run_id.clone(), id.clone());
         if self.records.get(&key).is_some_and(|e| !e.live(now)) {
-            self.records.remove(&key);
+            self.remove_record(&key);
         }
         self.records.get(&key)
     }
@@ -128,13 +190,17 @@ impl Store for MemoryStore {
                 return Err(Code::RunExists.into());
             }
             let view = RunView::new(run);
+            let size = RUN_OVERHEAD + view.run_id.len() as u64;
+            inner.room_for(size, self.max_bytes)?;
             let ttl = view.key_ttl_ms(self.record_ttl_ms);
+            inner.bytes += size;
             inner.runs.insert(
                 view.run_id.clone(),
                 Expiring {
                     value: RunEntry {
                         run: view.clone(),
                         progress: Vec::new(),
+                        size,
                     },
                     expires_at: now + ttl,
                 },
@@ -171,6 +237,10 @@ impl Store for MemoryStore {
             let body = record.to_json()?;
             let now = clock::now_ms();
             let mut inner = self.lock();
+            let key = (record.run_id.clone(), record.tool_call_id.clone());
+            // The record, and its id in the progress list later.
+            let size = record_size(&key, &body) + PROGRESS_OVERHEAD + key.1.len() as u64;
+            inner.room_for(size, self.max_bytes)?;
             let duplicate = inner
                 .record(&record.run_id, &record.tool_call_id, now)
                 .is_some();
@@ -184,13 +254,12 @@ impl Store for MemoryStore {
                 .calls_per_tool
                 .entry(record.tool.to_string())
                 .or_insert(0) += 1;
-            let key = (record.run_id.clone(), record.tool_call_id.clone());
             let expires_at = now + self.record_ttl_ms;
             inner.expiry.push(Reverse((
                 expires_at,
                 Key::Record(key.0.clone(), key.1.clone()),
             )));
-            inner.records.insert(
+            inner.put_record(
                 key,
                 Expiring {
                     value: body,
@@ -226,7 +295,13 @@ impl Store for MemoryStore {
                 (prepared.body, outcome)
             };
             entry.progress.push(record.tool_call_id.clone());
-            inner.records.insert(
+            let grown = PROGRESS_OVERHEAD + record.tool_call_id.len() as u64;
+            entry.size += grown;
+            inner.bytes += grown;
+            // A final record may be larger than its reservation: it is written all the same
+            // (what was acknowledged must be readable), so the bound can be passed by at most
+            // the calls in flight times their record_bytes.
+            inner.put_record(
                 (record.run_id.clone(), record.tool_call_id.clone()),
                 Expiring {
                     value: body,
@@ -300,6 +375,7 @@ mod tests {
                 max_record_bytes: 1 << 20,
             },
             tools: None,
+            paths: Default::default(),
         };
         store.create_run(run).await.unwrap();
         for id in ["a", "b", "c"] {
@@ -327,5 +403,68 @@ mod tests {
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(store.lock().runs.is_empty());
         assert!(store.lock().expiry.is_empty());
+        assert_eq!(store.bytes(), 0, "expired keys give their bytes back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_fails_closed_and_frees_space_on_expiry() {
+        let store = MemoryStore::bounded(1_000, 4_000);
+        let now = clock::now_ms();
+        let run_id = RunId::parse("r").unwrap();
+        let run = NewRun {
+            run_id: run_id.clone(),
+            created_ms: now,
+            deadline_ms: now + 500,
+            budget: Budget {
+                max_calls: 1000,
+                max_calls_per_tool: Default::default(),
+                max_record_bytes: 1 << 20,
+            },
+            tools: None,
+            paths: Default::default(),
+        };
+        store.create_run(run).await.unwrap();
+        let record = |id: &str| {
+            Record::projecting(
+                run_id.clone(),
+                ToolCallId::parse(id).unwrap(),
+                ToolName::parse("t").unwrap(),
+                json!({"pad": "x".repeat(500)}),
+                now,
+            )
+        };
+        let mut reserved = 0;
+        let err = loop {
+            match store
+                .reserve(&record(&format!("c{reserved}")), now + 1)
+                .await
+            {
+                Ok(()) => reserved += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(reserved >= 2, "room for a few records, got {reserved}");
+        assert_eq!(err.code, Code::StoreUnavailable);
+        assert!(err.cause.contains("memory_max_bytes"), "{}", err.cause);
+        assert!(store.bytes() <= 4_000, "{}", store.bytes());
+        let view = store.get_run(&run_id).await.unwrap().unwrap();
+        assert_eq!(
+            view.calls_used, reserved,
+            "a refused reservation spends nothing"
+        );
+        for i in 0..reserved {
+            let id = ToolCallId::parse(&format!("c{i}")).unwrap();
+            assert!(
+                store.get_record(&run_id, &id).await.unwrap().is_some(),
+                "nothing evicted"
+            );
+        }
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        store.get_run(&run_id).await.unwrap();
+        assert!(store.bytes() < 1_000, "expired records free their space");
+        store
+            .reserve(&record("after"), now + 1)
+            .await
+            .expect("room again once records expired");
     }
 }

@@ -117,7 +117,10 @@ pub trait Observer: Send + Sync + 'static {
 /// Opens the configured backend, every operation timed and reported to `observer`.
 pub async fn open(config: &StoreConfig, observer: Arc<dyn Observer>) -> Result<Arc<dyn Store>> {
     let inner: Box<dyn Store> = match config.kind {
-        StoreKind::Memory => Box::new(memory::MemoryStore::new(config.record_ttl_ms)),
+        StoreKind::Memory => Box::new(memory::MemoryStore::bounded(
+            config.record_ttl_ms,
+            config.memory_max_bytes,
+        )),
         StoreKind::RedisCluster => Box::new(redis::RedisStore::connect(config).await?),
     };
     Ok(Arc::new(Timed { inner, observer }))

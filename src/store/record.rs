@@ -63,6 +63,8 @@ pub struct Record {
     pub status: Status,
     pub evidence_status: Option<Evidence>,
     pub request: Value,
+    /// The input as the agent sent it, when parameter roles rewrote an argument; else `null`.
+    pub agent_input: Value,
     pub raw_response: Value,
     pub agent_result: Value,
     pub error_code: Option<CodeName>,
@@ -90,6 +92,7 @@ impl Record {
             status: Status::Projecting,
             evidence_status: None,
             request,
+            agent_input: Value::Null,
             raw_response: Value::Null,
             agent_result: Value::Null,
             error_code: None,
@@ -120,6 +123,7 @@ impl Record {
             status: Status::Error,
             evidence_status: Some(Evidence::Error),
             request: self.request.clone(),
+            agent_input: self.agent_input.clone(),
             raw_response: Value::Null,
             agent_result: Value::Null,
             error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
@@ -305,7 +309,7 @@ mod tests {
         )
         .to_json()
         .unwrap();
-        assert!(s.starts_with(r#"{"schema":1,"run_id":"r","tool_call_id":"c","tool":"t","status":"PROJECTING","evidence_status":null,"request":{"b":1,"a":"é"}"#), "{s}");
+        assert!(s.starts_with(r#"{"schema":1,"run_id":"r","tool_call_id":"c","tool":"t","status":"PROJECTING","evidence_status":null,"request":{"b":1,"a":"é"},"agent_input":null,"raw_response":null"#), "{s}");
     }
 
     #[test]

@@ -5,8 +5,18 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::RunPaths;
 use crate::error::{Code, Result};
 use crate::ids::RunId;
+
+/// Runs stored before runs had paths take the defaults.
+fn default_workspace() -> String {
+    RunPaths::default().workspace
+}
+
+fn default_home() -> String {
+    RunPaths::default().home
+}
 
 /// Run lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +71,8 @@ pub struct NewRun {
     pub budget: Budget,
     /// `None`: every tool configured at the time of each call.
     pub tools: Option<Vec<String>>,
+    /// The workspace and home its path arguments are judged against.
+    pub paths: RunPaths,
 }
 
 /// A run as stored: its fixed spec plus state and counters.
@@ -72,6 +84,10 @@ pub struct RunView {
     pub deadline_ms: u64,
     pub budget: Budget,
     pub tools: Option<Vec<String>>,
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    #[serde(default = "default_home")]
+    pub home: String,
     pub calls_used: u64,
     pub calls_per_tool: BTreeMap<String, u64>,
     pub record_bytes_used: u64,
@@ -86,6 +102,8 @@ impl RunView {
             deadline_ms: run.deadline_ms,
             budget: run.budget,
             tools: run.tools,
+            workspace: run.paths.workspace,
+            home: run.paths.home,
             calls_used: 0,
             calls_per_tool: BTreeMap::new(),
             record_bytes_used: 0,
@@ -137,6 +155,7 @@ mod tests {
                 max_record_bytes: 10,
             },
             tools: None,
+            paths: RunPaths::default(),
         });
         assert_eq!(
             run.admit("s", 200, true).unwrap_err().code,

@@ -157,6 +157,24 @@ fn standard_config(store_yaml: &str, fake: &FakeTool) -> String {
             "{ro}, limits: {{record_bytes: 400}}, projection: {{select: /results, max_items: 1, fields: [title]}}"
         ),
     );
+    // Parameter roles: a file reader and a fetcher, both answered by the echo route.
+    tools += &tool(
+        "read_file",
+        fake.url("echo"),
+        &format!(
+            "{ro}, input_schema: {{type: object, properties: {{mode: {{enum: [text]}}}}}}, \
+             params: {{/path: path, /against: source_path, /paths/*: path}}, \
+             read_roots: [/usr/share/doc], projection: {{select: /results, fields: [input]}}"
+        ),
+    );
+    tools += &tool(
+        "fetch",
+        fake.url("echo"),
+        &format!(
+            "{ro}, params: {{/url: network_target}}, network: {{allow_hosts: [example.com, '*.example.org']}}, \
+             projection: {{select: /results, fields: [input]}}"
+        ),
+    );
     format!(
         "{store_yaml}limits: {{request_bytes: 1024}}\n\
          runs: {{default_timeout_ms: 60000, max_timeout_ms: 120000, default_max_calls: 50}}\n\

@@ -13,6 +13,7 @@
 //! - [`mcp`]: the MCP endpoint and MCP upstreams, against the official Python and TypeScript SDKs.
 //! - [`metrics`]: the `/metrics` exposition.
 //! - [`reload`]: hot reload of the config file.
+//! - [`roles`]: parameter roles: paths and network targets (preflight step 9b).
 //! - [`drain`]: graceful shutdown.
 //! - [`store`]: the `Store` suite, against memory and Redis Cluster.
 //! - [`redis`]: what only a real Redis Cluster shows: key layout, outages, failover, resharding.
@@ -38,6 +39,7 @@ mod preflight;
 mod projection;
 mod redis;
 mod reload;
+mod roles;
 mod runs;
 mod store;
 mod upstream_tls;

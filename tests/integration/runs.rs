@@ -65,13 +65,20 @@ async fn admin_runs_api(store_yaml: String) {
             "budget",
             "calls_used",
             "deadline",
+            "home",
             "record_bytes_used",
             "run_id",
             "state",
-            "tools"
+            "tools",
+            "workspace"
         ]
     );
     assert_eq!(view["state"], "ACTIVE");
+    assert_eq!(
+        (view["workspace"].as_str(), view["home"].as_str()),
+        (Some("/workspace"), Some("/home/agent")),
+        "a run without paths takes the config defaults"
+    );
     assert_eq!(view["deadline"], deadline);
     assert_eq!(
         (
@@ -366,6 +373,7 @@ async fn invocation_record_shape(store_yaml: String) {
             "status",
             "evidence_status",
             "request",
+            "agent_input",
             "raw_response",
             "agent_result",
             "error_code",
@@ -383,6 +391,7 @@ async fn invocation_record_shape(store_yaml: String) {
     assert_eq!(rec["status"], "READY");
     assert_eq!(rec["evidence_status"], "EVIDENCE_FOUND");
     assert_eq!(rec["request"], json!({"q": "redis"}));
+    assert_eq!(rec["agent_input"], Value::Null, "no argument was rewritten");
     assert_eq!(
         rec["raw_response"]["results"].as_array().map(Vec::len),
         Some(7)
@@ -414,7 +423,7 @@ async fn invocation_record_shape(store_yaml: String) {
     // An ERROR record has the same fields.
     env.call(&run, "call_err", "fail", json!({})).await;
     let rec = env.record_ok(&run.id, "call_err").await;
-    assert_eq!(rec.as_object().map(|o| o.len()), Some(15));
+    assert_eq!(rec.as_object().map(|o| o.len()), Some(16));
     assert_eq!(rec["request"], json!({}));
     assert!(is_rfc3339_millis(
         rec["updated_at"].as_str().expect("updated_at")

@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use toolgate::clock;
-use toolgate::config::{Durability, StoreConfig, StoreKind};
+use toolgate::config::{DEFAULT_MEMORY_MAX_BYTES, Durability, RunPaths, StoreConfig, StoreKind};
 use toolgate::error::{Code, CodeName, Result, SizeStage};
 use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
@@ -168,6 +168,7 @@ pub fn redis_config(
         record_ttl_ms,
         durability,
         timeout,
+        memory_max_bytes: DEFAULT_MEMORY_MAX_BYTES,
     }
 }
 
@@ -201,6 +202,7 @@ pub fn new_run(
             max_record_bytes,
         },
         tools: None,
+        paths: RunPaths::default(),
     }
 }
 

@@ -46,7 +46,7 @@ use super::{
     Budget, Close, Finalized, Keys, NewRun, PreparedFinal, ProgressEntry, Record, RunState,
     RunView, Store, StoreFuture, check_projecting,
 };
-use crate::config::{Durability, StoreConfig};
+use crate::config::{Durability, RunPaths, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
 use crate::ids::{RunId, ToolCallId};
 
@@ -100,6 +100,11 @@ struct RunSpec {
     deadline_ms: u64,
     budget: Budget,
     tools: Option<Vec<String>>,
+    /// Absent in runs stored before runs had paths: the defaults then.
+    #[serde(default)]
+    workspace: Option<String>,
+    #[serde(default)]
+    home: Option<String>,
 }
 
 /// Per-tool counters and caps live in the run hash as `used:<tool>` and `cap:<tool>`.
@@ -270,6 +275,8 @@ impl Store for RedisStore {
                 deadline_ms: view.deadline_ms,
                 budget: view.budget.clone(),
                 tools: view.tools.clone(),
+                workspace: Some(view.workspace.clone()),
+                home: Some(view.home.clone()),
             })
             .map_err(Error::internal)?;
             let mut invocation = self.scripts.run_create.prepare_invoke();
@@ -601,6 +608,10 @@ fn run_from_fields(mut fields: HashMap<String, String>) -> Result<RunView> {
         deadline_ms: spec.deadline_ms,
         budget: spec.budget,
         tools: spec.tools,
+        workspace: spec
+            .workspace
+            .unwrap_or_else(|| RunPaths::default().workspace),
+        home: spec.home.unwrap_or_else(|| RunPaths::default().home),
         calls_used,
         calls_per_tool,
         record_bytes_used,
@@ -623,6 +634,8 @@ mod tests {
                 max_record_bytes: 100,
             },
             tools: Some(vec!["s".into()]),
+            workspace: None,
+            home: None,
         };
         let fields = HashMap::from([
             ("spec".to_string(), serde_json::to_string(&spec).unwrap()),

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use toolgate::config::{Durability, StoreConfig, StoreKind};
+use toolgate::config::{DEFAULT_MEMORY_MAX_BYTES, Durability, StoreConfig, StoreKind};
 use toolgate::error::{Code, Result};
 use toolgate::ids::{RunId, ToolCallId};
 use toolgate::store::redis::RedisStore;
@@ -38,6 +38,7 @@ async fn a_cluster_that_comes_up_later_is_used_without_restart() {
         record_ttl_ms: 60_000,
         durability: Durability::Replica,
         timeout,
+        memory_max_bytes: DEFAULT_MEMORY_MAX_BYTES,
     };
     // Nothing listens yet: the store opens, and every operation is STORE_UNAVAILABLE in time.
     let started = Instant::now();
