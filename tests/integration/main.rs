@@ -10,6 +10,7 @@
 //! - [`execution`]: forwarding, tool failures and timeouts, calls in flight, concurrency.
 //! - [`projection`]: bounded READY results and every size limit.
 //! - [`runs`]: the admin API: runs, facts, invocation records, failure attribution.
+//! - [`mcp`]: the MCP endpoint and MCP upstreams, against the official Python and TypeScript SDKs.
 //! - [`metrics`]: the `/metrics` exposition.
 //! - [`reload`]: hot reload of the config file.
 //! - [`roles`]: parameter roles: paths and network targets (preflight step 9b).
@@ -34,6 +35,7 @@ mod drain;
 mod execution;
 mod hardening;
 mod injector;
+mod mcp;
 mod metrics;
 mod preflight;
 mod projection;

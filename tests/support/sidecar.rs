@@ -148,6 +148,32 @@ impl Sidecar {
         Reply { status, body, raw }
     }
 
+    /// [`Self::send`], also returning the response headers.
+    pub async fn send_with_headers(
+        &self,
+        method: &str,
+        url: String,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> (Reply, hyper::HeaderMap) {
+        let mut req = Request::builder().method(method).uri(url);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body.into())).expect("request");
+        let resp = self.http.request(req).await.expect("sidecar answered");
+        let status = resp.status().as_u16();
+        let response_headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let raw = String::from_utf8_lossy(&bytes).to_string();
+        let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(raw.clone()));
+        (Reply { status, body, raw }, response_headers)
+    }
+
     /// An admin request with the admin token.
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Reply {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
