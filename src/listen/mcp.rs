@@ -115,8 +115,9 @@ enum Reply {
     Error(RpcError, Option<Value>),
     /// A notification: 202, no body.
     Accepted,
-    /// Refused at the HTTP level, with the error body and its status.
-    Http(Code),
+    /// Refused at the HTTP level, with the error body (echoing the call's id when it is safe)
+    /// and its status.
+    Http(Code, Option<ToolCallId>),
 }
 
 /// Serves `/mcp`. Never fails.
@@ -371,7 +372,7 @@ fn discover() -> Value {
 /// The tools this run may call: configured, read-only, and allowed by the run's `tools`.
 async fn tools_list(state: &State, headers: &HeaderMap) -> Reply {
     let Some(run_id) = state.tokens.run_of(headers) else {
-        return Reply::Http(Code::Unauthenticated);
+        return Reply::Http(Code::Unauthenticated, None);
     };
     let allowed = match state.run_spec(&run_id).await {
         Ok(spec) => spec.and_then(|s| s.tools.clone()),
@@ -456,7 +457,7 @@ async fn tools_call(
         Err(Error {
             code: code @ (Code::Unauthenticated | Code::RequestTooLarge),
             ..
-        }) => Reply::Http(*code),
+        }) => Reply::Http(*code, answer.tool_call_id.clone()),
         Ok(shown) => Reply::Ready(ready_result(era, id, shown)),
         Err(e) => Reply::Result(error_result(id, e)),
     }
@@ -506,11 +507,11 @@ fn error_result(id: Option<&ToolCallId>, e: &Error) -> Value {
 fn refuse(state: &State, code: Code) -> Response<http::Body> {
     state.metrics.rejected(None, &Error::new(code));
     state.metrics.mcp_request(McpMethod::Other, Outcome::Error);
-    http_refusal(code)
+    http_refusal(code, None)
 }
 
-fn http_refusal(code: Code) -> Response<http::Body> {
-    let mut resp = http::error(code, None);
+fn http_refusal(code: Code, tool_call_id: Option<&ToolCallId>) -> Response<http::Body> {
+    let mut resp = http::error(code, tool_call_id);
     if code == Code::Unauthenticated {
         resp.headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -531,9 +532,9 @@ fn respond(
             state.metrics.mcp_request(method, Outcome::Ok);
             return http::text(StatusCode::ACCEPTED, "", "application/json");
         }
-        Reply::Http(code) => {
+        Reply::Http(code, tool_call_id) => {
             state.metrics.mcp_request(method, Outcome::Error);
-            return http_refusal(code);
+            return http_refusal(code, tool_call_id.as_ref());
         }
         Reply::Ready(result) => {
             state.metrics.mcp_request(method, Outcome::Ok);

@@ -1256,6 +1256,8 @@ async fn jsonrpc_errors() {
         "{}",
         r.raw
     );
+    // Over the tool's own limit the call was read: its safe id is echoed, as on /v1/invoke.
+    assert_eq!(r.body["tool_call_id"], "big-2", "{}", r.raw);
     env.no_record(&run.id, "big-1").await;
     env.no_record(&run.id, "big-2").await;
 
