@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e bench-quick
+CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -44,6 +44,11 @@ monitoring: build
 
 e2e: build
 	scripts/e2e-local.sh
+
+# The running sidecar against docs/openapi.yaml, which it serves as GET /openapi.json: schemathesis
+# on both listeners, plus probes (scripts/schemathesis_check.py).
+schemathesis: build
+	scripts/schemathesis-check.sh
 
 bench-quick:
 	bench/run.sh --quick
