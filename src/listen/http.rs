@@ -235,11 +235,7 @@ where
 /// The answer to a request framed two ways (`Content-Length` together with
 /// `Transfer-Encoding`, the request-smuggling shape): 400, and the connection closes.
 fn two_framings() -> Response<Body> {
-    let mut resp = text(
-        StatusCode::BAD_REQUEST,
-        "Content-Length and Transfer-Encoding together are not accepted.\n",
-        "text/plain; charset=utf-8",
-    );
+    let mut resp = error(Code::InvalidInput, None);
     resp.headers_mut()
         .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     resp
