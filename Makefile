@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e schemathesis bench-quick
+CI_STEPS := deps lint fmt clippy test fuzz build k8s monitoring e2e schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -32,6 +32,11 @@ clippy:
 
 test:
 	scripts/test.sh
+
+# Every cargo fuzz target for 60 s from its committed corpus (fuzz/README.md); installs
+# cargo-fuzz when missing. FUZZ_SECONDS changes the time per target.
+fuzz:
+	scripts/fuzz.sh --seconds $${FUZZ_SECONDS:-60}
 
 build:
 	cargo build --locked --bin toolgate --example fake_tool --example redis_cluster
