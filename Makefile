@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test fuzz build k8s monitoring e2e schemathesis bench-quick
+CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -34,7 +34,8 @@ test:
 	scripts/test.sh
 
 # Every cargo fuzz target for 60 s from its committed corpus (fuzz/README.md); installs
-# cargo-fuzz when missing. FUZZ_SECONDS changes the time per target.
+# cargo-fuzz when missing. FUZZ_SECONDS changes the time per target. Not yet in CI_STEPS: its
+# release build with AddressSanitizer roughly doubles the CI time on this machine.
 fuzz:
 	scripts/fuzz.sh --seconds $${FUZZ_SECONDS:-60}
 

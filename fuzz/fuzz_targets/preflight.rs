@@ -268,13 +268,13 @@ fn run(data: &[u8]) -> Result<()> {
     };
     let complete = matches!(received, Received::Complete(_));
     let broken = matches!(received, Received::Broken);
-    let incoming = Incoming {
+    let mut incoming = Incoming {
         form,
         headers,
         body: received,
     };
 
-    let identified = match identify(policy, &setup.tokens, &incoming) {
+    let identified = match identify(policy, &setup.tokens, &mut incoming) {
         Err(rejection) => {
             if let Some(id) = &rejection.tool_call_id {
                 assert!(
