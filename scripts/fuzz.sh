@@ -77,16 +77,19 @@ failed=()
 for t in "${targets[@]}"; do
     [[ -d corpus/$t ]] || die "fuzz/corpus/$t is missing: every target has a committed corpus"
     new=target/corpus-new/$t
-    mkdir -p "$new" "artifacts/$t"
+    log=target/fuzz-logs/$t.log
+    mkdir -p "$new" "artifacts/$t" target/fuzz-logs
     echo
-    echo "=== fuzz $t: ${seconds}s ==="
+    echo "=== fuzz $t: ${seconds}s (full output: fuzz/$log) ==="
     # -timeout: one input taking 30 s is a hang; -rss_limit_mb: libFuzzer's default, made explicit.
     if cargo fuzz run "$t" "$new" "corpus/$t" -- \
         -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
-        "${extra[@]}"; then
+        "${extra[@]}" >"$log" 2>&1; then
+        grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|peak_rss_mb)' "$log" || true
         echo "fuzz: $t: no crash in ${seconds}s"
     else
         failed+=("$t")
+        tail -n 80 "$log"
         echo "fuzz: $t FAILED; the input is in fuzz/artifacts/$t/; replay it with"
         echo "    (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t artifacts/$t/<file>)"
     fi
