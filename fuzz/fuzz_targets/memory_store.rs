@@ -75,6 +75,12 @@ enum Op {
     Advance {
         ms: u64,
     },
+    /// Moves time to one of the instants where something changes (a run's deadline, a run's or
+    /// a record's expiry, in the model), one millisecond before it, or one after.
+    AdvanceTo {
+        pick: usize,
+        delta: i8,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +98,7 @@ enum Final {
 fn op(u: &mut Unstructured<'_>) -> Result<Op> {
     let run = u.choose_index(RUNS.len())?;
     let id = u.choose_index(IDS.len())?;
-    Ok(match u.int_in_range(0..=9)? {
+    Ok(match u.int_in_range(0..=10)? {
         0 => Op::CreateRun {
             run,
             timeout_ms: u.int_in_range(1..=3_000)?,
@@ -135,8 +141,16 @@ fn op(u: &mut Unstructured<'_>) -> Result<Op> {
         6 => Op::GetRecord { run, id },
         7 => Op::GetRun { run },
         8 => Op::Progress { run },
-        _ => Op::Advance {
-            ms: *u.choose(&[0, 1, 2, 10, 100, 499, 500, 501, 1_000, 1_999, 2_000, 3_000])?,
+        9 => Op::Advance {
+            ms: if u.arbitrary()? {
+                *u.choose(&[0, 1, 2, 10, 100, 499, 500, 501, 1_000, 1_999, 2_000, 3_000])?
+            } else {
+                u.int_in_range(0..=3_000)?
+            },
+        },
+        _ => Op::AdvanceTo {
+            pick: u.int_in_range(0..=15)?,
+            delta: u.int_in_range(-1..=1)?,
         },
     })
 }
@@ -242,6 +256,26 @@ async fn drive(store: &MemoryStore, m: &mut Model, ops: &[Op]) {
                 tokio::time::advance(Duration::from_millis(*ms)).await;
                 m.now += ms;
                 assert_eq!(clock::now_ms(), m.now, "step {step}: advanced by {ms} ms");
+            }
+            Op::AdvanceTo { pick, delta } => {
+                let mut instants: Vec<u64> = m
+                    .runs
+                    .values()
+                    .flat_map(|r| [r.view.deadline_ms, r.expires_at])
+                    .chain(m.records.values().map(|r| r.expires_at))
+                    .collect();
+                instants.sort_unstable();
+                instants.dedup();
+                let Some(at) = instants.get(pick % instants.len().max(1)) else {
+                    continue;
+                };
+                let target = at.saturating_add_signed(i64::from(*delta));
+                if target > now {
+                    let ms = target - now;
+                    tokio::time::advance(Duration::from_millis(ms)).await;
+                    m.now = target;
+                    assert_eq!(clock::now_ms(), m.now, "step {step}: advanced by {ms} ms");
+                }
             }
             Op::CreateRun {
                 run,
