@@ -168,6 +168,8 @@ struct Claimed {
     run_id: Option<String>,
     tool_call_id: Option<String>,
     tool: Option<String>,
+    /// The input as sent.
+    input: Option<Value>,
 }
 
 fn run(data: &[u8]) -> Result<()> {
@@ -208,7 +210,9 @@ fn run(data: &[u8]) -> Result<()> {
                 }
             }
             if u.ratio(7, 8)? {
-                env.insert("input".into(), input(&mut u)?);
+                let input = input(&mut u)?;
+                claimed.input = Some(input.clone());
+                env.insert("input".into(), input);
             }
             let body = if body_raw {
                 claimed = Claimed::default();
@@ -236,7 +240,10 @@ fn run(data: &[u8]) -> Result<()> {
             let body = if body_raw {
                 u.take_rest().to_vec()
             } else {
-                serde_json::to_vec(&input(&mut u)?).expect("serializable")
+                let input = input(&mut u)?;
+                let body = serde_json::to_vec(&input).expect("serializable");
+                claimed.input = Some(input);
+                body
             };
             (Form::Intercept { tool }, body)
         }
@@ -255,6 +262,7 @@ fn run(data: &[u8]) -> Result<()> {
                 run_id: call.run_id.clone(),
                 tool_call_id: call.tool_call_id.clone(),
                 tool: Some(call.tool.clone()),
+                input: call.input.clone(),
             };
             let body = serde_json::to_vec(&call.input).expect("serializable");
             (Form::Mcp(call), body)
@@ -325,6 +333,12 @@ fn run(data: &[u8]) -> Result<()> {
             );
             assert!(tool.read_only, "{} is not read-only", tool.name);
             assert!(admitted.input.is_object(), "input {:?}", admitted.input);
+            if let Some(sent) = &claimed.input {
+                assert!(
+                    common::same(&admitted.input, sent),
+                    "the input is not the one sent"
+                );
+            }
             assert!(value_depth(&admitted.input) <= tool.limits.json_depth);
             if let Some(schema) = &tool.schema {
                 assert!(schema.is_valid(&admitted.input), "input against the schema");

@@ -115,35 +115,11 @@ fn run(data: &[u8]) -> Result<()> {
     if value_depth(&raw) as u64 <= MAX_JSON_DEPTH {
         let back: Value = serde_json::from_slice(&json).expect("the result parses back");
         assert!(
-            same(&back, &projected.result),
+            common::same(&back, &projected.result),
             "the result changed on the way"
         );
     }
     Ok(())
-}
-
-/// Equal, floats within a relative 1e-12 (serde_json's default float parser may differ from
-/// the exact value by an ulp).
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
-            let (x, y) = (
-                x.as_f64().unwrap_or(f64::NAN),
-                y.as_f64().unwrap_or(f64::NAN),
-            );
-            x == y || (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|((kx, x), (ky, y))| kx == ky && same(x, y))
-        }
-        _ => a == b,
-    }
 }
 
 fuzz_target!(|data: &[u8]| {
