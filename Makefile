@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test build k8s monitoring e2e schemathesis bench-quick
+CI_STEPS := deps lint fmt clippy test fuzz build k8s monitoring e2e soak schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -34,8 +34,8 @@ test:
 	scripts/test.sh
 
 # Every cargo fuzz target for 60 s from its committed corpus (fuzz/README.md); installs
-# cargo-fuzz when missing. FUZZ_SECONDS changes the time per target. Not yet in CI_STEPS: its
-# release build with AddressSanitizer roughly doubles the CI time on this machine.
+# cargo-fuzz when missing. FUZZ_SECONDS changes the time per target. Its release build with
+# AddressSanitizer is the longest step of CI (about 10 minutes on two cores).
 fuzz:
 	scripts/fuzz.sh --seconds $${FUZZ_SECONDS:-60}
 
@@ -55,6 +55,11 @@ e2e: build
 # on both listeners, plus probes (scripts/schemathesis_check.py).
 schemathesis: build
 	scripts/schemathesis-check.sh
+
+# Two minutes of steady mixed load per store (memory, then Redis Cluster with a primary killed
+# at mid-soak): RSS growth, every answer's code, every record and the facts.
+soak: build
+	scripts/soak.sh --minutes 2
 
 bench-quick:
 	bench/run.sh --quick
