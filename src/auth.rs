@@ -7,7 +7,7 @@ use hyper::header::AUTHORIZATION;
 use ring::hmac;
 use ring::rand::SystemRandom;
 
-use crate::config::{AdminConfig, ConfigError};
+use crate::config::{AdminConfig, ConfigError, MAX_SECRET_FILE_BYTES, read_file, read_text_file};
 use crate::ids::RunId;
 
 /// Verifies admin tokens and issues/verifies run tokens.
@@ -81,12 +81,8 @@ pub fn admin_token(cfg: &AdminConfig) -> Result<String, ConfigError> {
     let token = match std::env::var("TOOLGATE_ADMIN_TOKEN") {
         Ok(t) if !t.trim().is_empty() => t,
         _ => match &cfg.token_file {
-            Some(path) => std::fs::read_to_string(path).map_err(|e| {
-                ConfigError(format!(
-                    "admin.token_file: cannot read {}: {e}",
-                    path.display()
-                ))
-            })?,
+            Some(path) => read_text_file(path, MAX_SECRET_FILE_BYTES)
+                .map_err(|e| ConfigError(format!("admin.token_file: {e}")))?,
             None => String::new(),
         },
     };
@@ -104,12 +100,10 @@ pub fn token_key(cfg: &AdminConfig) -> Result<Option<Vec<u8>>, ConfigError> {
     let key = match std::env::var("TOOLGATE_TOKEN_KEY") {
         Ok(k) if !k.is_empty() => Some(k.into_bytes()),
         _ => match &cfg.token_key_file {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                ConfigError(format!(
-                    "admin.token_key_file: cannot read {}: {e}",
-                    path.display()
-                ))
-            })?),
+            Some(path) => Some(
+                read_file(path, MAX_SECRET_FILE_BYTES)
+                    .map_err(|e| ConfigError(format!("admin.token_key_file: {e}")))?,
+            ),
             None => None,
         },
     };

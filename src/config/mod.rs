@@ -455,11 +455,36 @@ const DEFAULT_LIMITS: Limits = Limits {
     json_depth: 64,
 };
 
+/// The largest config file toolgate reads.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+/// The largest token or key file toolgate reads (admin token, run-token key, upstream tokens).
+pub const MAX_SECRET_FILE_BYTES: u64 = 64 << 10;
+
+/// Reads a whole file of at most `max` bytes, reading no further than `max + 1`: a file that is
+/// larger (or a device that never ends) is an error, never a large allocation. The message
+/// names the file, never its content.
+pub fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let mut bytes = Vec::new();
+    file.take(max + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() as u64 > max {
+        return Err(format!("{} is larger than {max} bytes", path.display()));
+    }
+    Ok(bytes)
+}
+
+/// [`read_file`] for a text file.
+pub fn read_text_file(path: &Path, max: u64) -> Result<String, String> {
+    String::from_utf8(read_file(path, max)?)
+        .map_err(|_| format!("{} is not valid UTF-8", path.display()))
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        let text = read_text_file(path, MAX_CONFIG_FILE_BYTES).map_err(ConfigError)?;
         Config::parse(&text)
     }
 
@@ -850,8 +875,7 @@ impl RawTool {
 /// The `Authorization` value for a token file: the file's content, trimmed. The message names
 /// the key and the file, never the content.
 fn bearer_from_file(key: &str, path: &Path) -> Result<hyper::header::HeaderValue, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| bad(key, format!("cannot read {}: {e}", path.display())))?;
+    let text = read_text_file(path, MAX_SECRET_FILE_BYTES).map_err(|e| bad(key, e))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(bad(key, format!("{} is empty", path.display())));
@@ -961,6 +985,35 @@ mod tests {
         assert_eq!(a.limits.raw_bytes, DEFAULT_LIMITS.raw_bytes);
         assert_eq!(c.policy.max_request_bytes, 500);
         assert!(a.read_only);
+    }
+
+    #[test]
+    fn files_are_read_no_further_than_their_cap() {
+        let dir = std::env::temp_dir().join(format!("toolgate-caps-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let big = dir.join("big-token");
+        let secret = "s".repeat(MAX_SECRET_FILE_BYTES as usize + 1);
+        std::fs::write(&big, &secret).unwrap();
+        let e = Config::parse(&format!(
+            "tools: [{{name: a, upstream: 'http://x/', upstream_token_file: {}}}]",
+            big.display()
+        ))
+        .unwrap_err();
+        assert!(e.0.starts_with("tools[0].upstream_token_file"), "{e}");
+        assert!(e.0.contains("is larger than 65536 bytes"), "{e}");
+        assert!(!e.0.contains("sss"), "the message shows the content: {e}");
+        // A device that never ends costs max + 1 bytes, not the machine.
+        let e = read_file(Path::new("/dev/zero"), 1024).unwrap_err();
+        assert!(e.contains("is larger than 1024 bytes"), "{e}");
+        let e = Config::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(e.0.contains("is larger than"), "{e}");
+        let exact = dir.join("exact");
+        std::fs::write(&exact, "x".repeat(1024)).unwrap();
+        assert_eq!(read_file(&exact, 1024).unwrap().len(), 1024);
+        std::fs::write(&exact, [0xff, 0xfe]).unwrap();
+        let e = read_text_file(&exact, 1024).unwrap_err();
+        assert!(e.contains("is not valid UTF-8"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

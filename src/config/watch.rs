@@ -93,9 +93,9 @@ fn token_files(policy: &Policy) -> Vec<PathBuf> {
 /// One hash over the config file and the token files (a missing file hashes as absent).
 fn digest(path: &Path, token_files: &[PathBuf]) -> Option<Vec<u8>> {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    ctx.update(&std::fs::read(path).ok()?);
+    ctx.update(&super::read_file(path, super::MAX_CONFIG_FILE_BYTES).ok()?);
     for file in token_files {
-        let bytes = std::fs::read(file).unwrap_or_default();
+        let bytes = super::read_file(file, super::MAX_SECRET_FILE_BYTES).unwrap_or_default();
         ctx.update(&(bytes.len() as u64).to_le_bytes());
         ctx.update(&bytes);
     }
