@@ -3,7 +3,9 @@
 //!
 //! - `RunId` and `ToolName`: `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`
 //! - `ToolCallId`: `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$` (the agent framework's own id, kept
-//!   exactly)
+//!   exactly), except the two words `run` and `progress`: a record's key is
+//!   `{prefix}:{run_id}:{tool_call_id}`, beside the run's own `…:run` and `…:progress` keys, so
+//!   those two ids would name the run's state instead of a record.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -12,10 +14,11 @@ use std::ops::Deref;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Whether `s` is a safe id: a leading ASCII letter or digit, then letters, digits and `extra`,
-/// at most `max` bytes in all.
-fn is_safe(s: &str, max: usize, extra: &[u8]) -> bool {
+/// at most `max` bytes in all, and none of the `reserved` words.
+fn is_safe(s: &str, max: usize, extra: &[u8], reserved: &[&str]) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
+        && !reserved.contains(&s)
         && b.len() <= max
         && b[0].is_ascii_alphanumeric()
         && b.iter()
@@ -24,6 +27,9 @@ fn is_safe(s: &str, max: usize, extra: &[u8]) -> bool {
 
 macro_rules! safe_id {
     ($(#[$doc:meta])* $name:ident, $max:expr, $extra:expr) => {
+        safe_id!($(#[$doc])* $name, $max, $extra, &[]);
+    };
+    ($(#[$doc:meta])* $name:ident, $max:expr, $extra:expr, $reserved:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -31,12 +37,12 @@ macro_rules! safe_id {
         impl $name {
             /// The id, if `s` is a safe one.
             pub fn parse(s: &str) -> Option<$name> {
-                is_safe(s, $max, $extra).then(|| $name(s.to_string()))
+                is_safe(s, $max, $extra, $reserved).then(|| $name(s.to_string()))
             }
 
             /// Takes an owned string, if it is a safe id.
             pub fn from_string(s: String) -> Option<$name> {
-                is_safe(&s, $max, $extra).then_some($name(s))
+                is_safe(&s, $max, $extra, $reserved).then_some($name(s))
             }
 
             pub fn as_str(&self) -> &str {
@@ -114,7 +120,8 @@ safe_id!(
     /// The agent framework's id for one tool call (OpenAI `call_…`, Anthropic `toolu_…`).
     ToolCallId,
     128,
-    b"._:-"
+    b"._:-",
+    &["run", "progress"]
 );
 safe_id!(
     /// A configured tool's name.
@@ -136,6 +143,13 @@ mod tests {
         assert!(ToolCallId::parse("toolu_01:abc").is_some());
         assert!(ToolCallId::parse("call abc").is_none());
         assert!(ToolCallId::parse("").is_none());
+        // The run's own keys are not record keys.
+        assert!(ToolCallId::parse("run").is_none());
+        assert!(ToolCallId::parse("progress").is_none());
+        assert!(ToolCallId::from_string("progress".into()).is_none());
+        assert!(ToolCallId::parse("Run").is_some());
+        assert!(ToolCallId::parse("run1").is_some());
+        assert!(ToolCallId::parse("progress:2").is_some());
         assert!(RunId::parse("run:1").is_none());
         assert!(ToolName::parse("read_file").is_some());
     }

@@ -267,6 +267,14 @@ fn preflight_table(runs: &Runs) -> Vec<Check> {
                     runs.good("call/../x", "search", q()),
                     None,
                 ),
+                // The run's own keys sit beside its records: `…:{run}:run`, `…:{run}:progress`.
+                ("tool_call_id run", runs.good("run", "search", q()), None),
+                ("tool_call_id progress", runs.good("progress", "search", q()), None),
+                (
+                    "intercept with X-Tool-Call-Id progress",
+                    intercept(t, "search", Some(rid), Some("progress"), q().to_string()),
+                    None,
+                ),
                 (
                     "tool_call_id too long",
                     runs.good(&"a".repeat(129), "search", q()),
