@@ -289,3 +289,82 @@ async fn send(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+    };
+
+    use super::*;
+
+    fn finished(flags: TraceFlags) -> SpanData {
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(7u128),
+                SpanId::from(9u64),
+                flags,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "reserve".into(),
+            start_time: std::time::UNIX_EPOCH,
+            end_time: std::time::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: InstrumentationScope::default(),
+        }
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_its_capacity_and_counts_the_rest() {
+        let metrics = Arc::new(Metrics::new());
+        let (queue, mut spans) = mpsc::channel(3);
+        let processor = Queue {
+            queue,
+            metrics: metrics.clone(),
+        };
+        for _ in 0..10 {
+            processor.on_end(finished(TraceFlags::SAMPLED));
+        }
+        processor.on_end(finished(TraceFlags::default()));
+        let mut held = 0;
+        while spans.try_recv().is_ok() {
+            held += 1;
+        }
+        assert_eq!(held, 3);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"toolgate_otel_spans_dropped_total{reason="queue_full"} 7"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn parents_come_from_valid_trace_context_only() {
+        use opentelemetry::trace::TraceContextExt as _;
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let cx = Tracing::parent(Some(tp), Some("vendor=1"));
+        let sc = cx.span().span_context().clone();
+        assert!(sc.is_valid() && sc.is_remote() && sc.is_sampled());
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(sc.trace_state().header(), "vendor=1");
+        for bad in [
+            "",
+            "00-0000-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            let cx = Tracing::parent(Some(bad), None);
+            assert!(!cx.span().span_context().is_valid(), "{bad:?}");
+        }
+    }
+}

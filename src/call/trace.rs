@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::otel::Tracing;
 use crate::store::Evidence;
 
+/// A header's value when it is text; a value that is not is treated as absent.
 fn text(v: Option<&HeaderValue>) -> Option<&str> {
     v.and_then(|v| v.to_str().ok())
 }
