@@ -112,6 +112,8 @@ VARIANTS = {
                                                 "webhook": {"failurePolicy": "Fail"}}},
     "redis-store": {"config": {"store": {"kind": "redis-cluster", "nodes": REDIS_NODES,
                                          "durability": "replica"}}},
+    "tracing": {"config": {"otel": {"endpoint": "http://otel-collector.observability.svc:4318",
+                                    "service_name": "toolgate", "sample_ratio": 0.5}}},
     "pinned-images": {"image": {"digest": "sha256:" + "a" * 64},
                       "sidecar": {"image": {"repository": "registry.example/toolgate",
                                             "tag": "1.2.3"}},

@@ -4,13 +4,14 @@
 //! canonical record, and comes back to the agent only as a bounded projection. The life of a
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
-//! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`config`],
+//! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`otel`], [`config`],
 //! [`auth`], [`error`], [`ids`], [`clock`] and [`body`] below them.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
 //! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
 //! - [`store`]: the canonical store: the trait, the memory and Redis Cluster backends
 //! - [`metrics`]: every metric and the failure-attribution counts
+//! - [`otel`]: the OpenTelemetry tracer and its OTLP export, off the call path
 //! - [`config`]: the config file, its validation and hot reload
 //! - [`auth`]: admin and run tokens
 //! - [`error`]: the one error type: code, HTTP status, layer, fixed message
@@ -33,5 +34,6 @@ pub mod ids;
 pub mod injector;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
 pub mod paths;
 pub mod store;

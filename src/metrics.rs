@@ -71,6 +71,13 @@ pub enum Outcome {
     Error,
 }
 
+/// The `reason` label of dropped spans: the export queue was full, or its batch failed to export.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum SpanDrop {
+    QueueFull,
+    ExportFailed,
+}
+
 /// The `result` label of config reloads.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum ReloadResult {
@@ -102,6 +109,10 @@ label_value! {
     Outcome => |o| match o {
         Outcome::Ok => "ok",
         Outcome::Error => "error",
+    };
+    SpanDrop => |d| match d {
+        SpanDrop::QueueFull => "queue_full",
+        SpanDrop::ExportFailed => "export_failed",
     };
     ReloadResult => |r| match r {
         ReloadResult::Ok => "ok",
@@ -177,6 +188,11 @@ struct ResultLabels {
     result: ReloadResult,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    reason: SpanDrop,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Every metric toolgate exports, plus the failure-attribution counts.
@@ -194,6 +210,9 @@ pub struct Metrics {
     config_reloads: Family<ResultLabels, Counter>,
     mcp_requests: Family<McpLabels, Counter>,
     policy_denials: Family<ToolRoleLabels, Counter>,
+    spans_dropped: Family<DropLabels, Counter>,
+    spans_exported: Counter,
+    export_errors: Counter,
     attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
 }
 
@@ -218,6 +237,9 @@ impl Metrics {
         let config_reloads = Family::default();
         let mcp_requests = Family::default();
         let policy_denials = Family::default();
+        let spans_dropped = Family::<DropLabels, Counter>::default();
+        let spans_exported = Counter::default();
+        let export_errors = Counter::default();
         registry.register(
             "toolgate_invocations",
             "Calls that reached the tool stage, by final status and evidence status",
@@ -278,6 +300,24 @@ impl Metrics {
             "Calls refused because a path or network argument is outside what the tool may touch",
             policy_denials.clone(),
         );
+        registry.register(
+            "toolgate_otel_spans_dropped",
+            "Finished spans never exported: the export queue was full, or their batch failed",
+            spans_dropped.clone(),
+        );
+        registry.register(
+            "toolgate_otel_spans_exported",
+            "Spans the OTLP collector accepted",
+            spans_exported.clone(),
+        );
+        registry.register(
+            "toolgate_otel_export_errors",
+            "OTLP export requests that failed or timed out",
+            export_errors.clone(),
+        );
+        for reason in [SpanDrop::QueueFull, SpanDrop::ExportFailed] {
+            let _ = spans_dropped.get_or_create(&DropLabels { reason });
+        }
         // Counters of closed label sets start at 0, so they are exported (and rate() and
         // alerts see their first increment) before anything happened.
         for op in StoreOp::ALL {
@@ -305,6 +345,9 @@ impl Metrics {
             config_reloads,
             mcp_requests,
             policy_denials,
+            spans_dropped,
+            spans_exported,
+            export_errors,
             attribution: Mutex::new(BTreeMap::new()),
         }
     }
@@ -411,6 +454,23 @@ impl Metrics {
             .inc();
     }
 
+    /// `n` finished spans that will never reach the collector.
+    pub fn spans_dropped(&self, reason: SpanDrop, n: u64) {
+        self.spans_dropped
+            .get_or_create(&DropLabels { reason })
+            .inc_by(n);
+    }
+
+    /// An export request the collector accepted, with `n` spans.
+    pub fn spans_exported(&self, n: u64) {
+        self.spans_exported.inc_by(n);
+    }
+
+    /// An export request that failed or timed out.
+    pub fn export_error(&self) {
+        self.export_errors.inc();
+    }
+
     pub fn config_reload(&self, result: ReloadResult) {
         self.config_reloads
             .get_or_create(&ResultLabels { result })
@@ -507,6 +567,8 @@ mod tests {
             &Error::new(Code::PolicyDenied(Role::NetworkTarget)),
         );
         m.upstream(&tool("search"), Duration::from_millis(2));
+        m.spans_dropped(SpanDrop::QueueFull, 3);
+        m.export_error();
         let text = m.encode();
         for needle in [
             r#"toolgate_preflight_rejections_total{tool="_unknown",code="UNKNOWN_TOOL"} 1"#,
@@ -523,6 +585,10 @@ mod tests {
             r#"toolgate_preflight_rejections_total{tool="fetch",code="POLICY_DENIED"} 1"#,
             r#"toolgate_failures_total{layer="AGENT",code="POLICY_DENIED"} 1"#,
             "toolgate_upstream_duration_seconds_count",
+            r#"toolgate_otel_spans_dropped_total{reason="queue_full"} 3"#,
+            r#"toolgate_otel_spans_dropped_total{reason="export_failed"} 0"#,
+            "toolgate_otel_export_errors_total 1",
+            "toolgate_otel_spans_exported_total 0",
             "toolgate_store_operation_duration_seconds_count",
             "# HELP toolgate_failures Calls that ended in an error",
         ] {

@@ -257,6 +257,7 @@ fn run(data: &[u8]) -> Result<()> {
                     _ => None,
                 },
                 traceparent: None,
+                request_id: None,
             };
             claimed = Claimed {
                 run_id: call.run_id.clone(),

@@ -95,6 +95,7 @@ impl Upstream {
                 }
             };
             let id = self.sessions.next_id();
+            req.span.mcp_request(id, &session.version);
             let message =
                 json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
             let response = self.post(&req, Some(&session), &message).await?;

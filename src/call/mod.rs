@@ -14,6 +14,7 @@ pub mod preflight;
 pub mod projection;
 pub mod roles;
 pub mod runs;
+pub mod trace;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use preflight::{Admitted, Rejection};
 pub use preflight::{Form, Incoming, McpCall, Received};
 use projection::{Projected, Projector};
 use runs::{CallGuard, Calls, RunCache, RunSpec};
+use trace::CallSpan;
 use upstream::{ToolRequest, Upstream, UpstreamError};
 
 /// Everything a call needs, shared by all listeners.
@@ -44,6 +46,8 @@ pub struct State {
     pub upstream: Upstream,
     pub runs: RunCache,
     pub calls: Arc<Calls>,
+    /// `None` without an `otel` config key: then no call makes a span.
+    pub otel: Option<crate::otel::Tracing>,
     store_timeout: Duration,
     draining: AtomicBool,
 }
@@ -53,14 +57,23 @@ impl State {
     pub async fn new(config: &Config, tokens: Tokens) -> Result<State> {
         let metrics = Arc::new(Metrics::new());
         let store = store::open(&config.store, metrics.clone()).await?;
+        let upstream = Upstream::new().map_err(Error::internal)?;
+        let otel = match &config.otel {
+            None => None,
+            Some(otel) => Some(
+                crate::otel::Tracing::start(otel, upstream.connector.clone(), metrics.clone())
+                    .map_err(Error::internal)?,
+            ),
+        };
         Ok(State {
             policy: Arc::new(LivePolicy::new(config.policy.clone())),
             tokens,
             store,
             metrics,
-            upstream: Upstream::new().map_err(Error::internal)?,
+            upstream,
             runs: RunCache::default(),
             calls: Arc::new(Calls::default()),
+            otel,
             store_timeout: config.store.timeout,
             draining: AtomicBool::new(false),
         })
@@ -112,7 +125,8 @@ pub struct Shown {
 /// Runs one tool call end to end. Never fails: every error becomes an answer.
 pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     let started = Instant::now();
-    let admitted = match admit(state, &mut incoming).await {
+    let mut span = CallSpan::start(state.otel.as_ref(), &incoming);
+    let admitted = match admit(state, &mut incoming, &mut span).await {
         Ok(a) => a,
         Err(r) => {
             tracing::info!(
@@ -125,6 +139,7 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
                 "call rejected"
             );
             state.metrics.rejected(r.tool.as_ref(), &r.error);
+            span.rejected(&r);
             return Answer {
                 tool_call_id: r.tool_call_id,
                 result: Err(r.error),
@@ -141,8 +156,17 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     } = admitted;
 
     state.metrics.in_flight(&tool.name, 1);
-    let executed = execute(state, &tool, &record, deadline_ms, &incoming, &mut guard).await;
-    let result = finalize(state, &tool, record, executed, started).await;
+    let executed = execute(
+        state,
+        &tool,
+        &record,
+        deadline_ms,
+        &incoming,
+        &mut guard,
+        &span,
+    )
+    .await;
+    let result = finalize(state, &tool, record, executed, started, &span).await;
     state.metrics.in_flight(&tool.name, -1);
     drop(guard);
 
@@ -151,6 +175,7 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     state
         .metrics
         .finished(&tool.name, evidence, elapsed, result.as_ref().err());
+    span.finish(result.as_ref().map(|s| s.evidence));
     let err = result.as_ref().err();
     tracing::info!(
         target: "toolgate::call",
@@ -184,12 +209,21 @@ struct Reserved {
 }
 
 /// Preflight steps 1–10.
-async fn admit(state: &State, incoming: &mut Incoming) -> Result<Reserved, Rejection> {
+async fn admit(
+    state: &State,
+    incoming: &mut Incoming,
+    span: &mut CallSpan,
+) -> Result<Reserved, Rejection> {
     let policy = state.policy.get();
     if state.is_draining() {
         return Err(preflight::refuse(&policy, incoming, Code::ShuttingDown));
     }
     let identified = preflight::identify(&policy, &state.tokens, incoming)?;
+    span.identified(
+        &identified.run_id,
+        &identified.tool_call_id,
+        &identified.tool.name,
+    );
     let incoming = &*incoming;
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {
         error,
@@ -238,7 +272,7 @@ async fn admit(state: &State, incoming: &mut Incoming) -> Result<Reserved, Rejec
         now,
     );
     record.agent_input = checked.agent_input.unwrap_or(Value::Null);
-    if let Err(error) = state.store.reserve(&record, now).await {
+    if let Err(error) = span.reservation(state.store.reserve(&record, now)).await {
         return Err(Rejection {
             error,
             tool_call_id: Some(tool_call_id),
@@ -289,6 +323,7 @@ async fn execute(
     deadline_ms: Option<u64>,
     incoming: &Incoming,
     guard: &mut CallGuard,
+    span: &CallSpan,
 ) -> Executed {
     let (run_id, tool_call_id, input) = (&record.run_id, &record.tool_call_id, &record.request);
     let deadline_ms = match deadline_ms {
@@ -305,12 +340,14 @@ async fn execute(
     } else {
         (tool.timeout, Code::ToolTimeout)
     };
+    let upstream_span = span.upstream(tool);
     let request = ToolRequest {
         uri: &tool.upstream,
         input,
         run_id,
         tool_call_id,
-        traceparent: incoming.traceparent(),
+        traceparent: upstream_span.traceparent().or(incoming.traceparent()),
+        span: &upstream_span,
         auth: tool.upstream_auth.as_ref(),
         raw_bytes: tool.limits.raw_bytes,
         json_depth: tool.limits.json_depth,
@@ -321,6 +358,7 @@ async fn execute(
         () = guard.cancelled() => return Executed::failed(Error::new(Code::RunCancelled)),
     };
     state.metrics.upstream(&tool.name, started.elapsed());
+    upstream_span.end(&answered);
     let reply = match answered {
         Err(_) => return Executed::failed(Error::with_cause(timeout_code, "tool timed out")),
         Ok(Err(UpstreamError::TooLarge { status })) => {
@@ -384,6 +422,7 @@ async fn finalize(
     mut record: Record,
     executed: Executed,
     started: Instant,
+    span: &CallSpan,
 ) -> Result<Shown, Error> {
     let now = clock::now_ms();
     record.updated_at = clock::rfc3339(now);
@@ -418,9 +457,8 @@ async fn finalize(
             Err(error)
         }
     };
-    match state
-        .store
-        .finalize(&record, tool.limits.record_bytes)
+    match span
+        .finalize(state.store.finalize(&record, tool.limits.record_bytes))
         .await
     {
         Ok(Finalized::Written) => answer,

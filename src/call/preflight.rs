@@ -36,6 +36,8 @@ pub struct McpCall {
     /// `arguments`; `None` when it is not a JSON object (step 9 refuses it).
     pub input: Option<Value>,
     pub traceparent: Option<HeaderValue>,
+    /// The JSON-RPC id of the request, as a string: for the trace only.
+    pub request_id: Option<String>,
 }
 
 /// A request body as the listener read it.

@@ -26,6 +26,8 @@ pub struct ToolRequest<'a> {
     pub run_id: &'a str,
     pub tool_call_id: &'a str,
     pub traceparent: Option<&'a HeaderValue>,
+    /// The trace span of this request (empty when tracing is off).
+    pub span: &'a super::trace::UpstreamSpan,
     /// `Authorization` for this tool's upstream only.
     pub auth: Option<&'a HeaderValue>,
     /// Reading stops once the body exceeds this many bytes.
@@ -65,6 +67,8 @@ pub struct Upstream {
     pub(super) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// One MCP session per upstream URL.
     pub(super) sessions: Arc<McpSessions>,
+    /// The connector under `client`; the OTLP exporter shares it.
+    pub connector: HttpsConnector<HttpConnector>,
 }
 
 impl Upstream {
@@ -95,10 +99,11 @@ impl Upstream {
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .build(https);
+            .build(https.clone());
         Ok(Upstream {
             client,
             sessions: Arc::default(),
+            connector: https,
         })
     }
 

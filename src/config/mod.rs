@@ -47,6 +47,18 @@ struct RawConfig {
     tools: Vec<RawTool>,
     #[serde(default)]
     paths: RawPaths,
+    otel: Option<RawOtel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOtel {
+    endpoint: Option<String>,
+    service_name: Option<String>,
+    sample_ratio: Option<f64>,
+    headers_file: Option<PathBuf>,
+    max_queue_spans: Option<u64>,
+    timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -159,6 +171,38 @@ pub struct Config {
     pub admin: AdminConfig,
     pub store: StoreConfig,
     pub policy: Arc<Policy>,
+    /// `None`: no `otel` key (or `OTEL_SDK_DISABLED=true`), so no tracing at all.
+    pub otel: Option<OtelConfig>,
+}
+
+/// `otel`: where and how the spans of tool calls are exported (OTLP/HTTP protobuf).
+#[derive(Clone, PartialEq)]
+pub struct OtelConfig {
+    /// The full URL spans are POSTed to (`…/v1/traces`).
+    pub traces_url: hyper::Uri,
+    pub service_name: String,
+    /// The share of new traces recorded; a call with a `traceparent` follows its sampled flag.
+    pub sample_ratio: f64,
+    /// Extra request headers from `headers_file` (credentials: never logged).
+    pub headers: Vec<(String, String)>,
+    /// Spans waiting for export; past it, a finished span is dropped and counted.
+    pub max_queue_spans: usize,
+    /// The bound on one export request.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for OtelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("OtelConfig")
+            .field("traces_url", &self.traces_url)
+            .field("service_name", &self.service_name)
+            .field("sample_ratio", &self.sample_ratio)
+            .field("headers", &names)
+            .field("max_queue_spans", &self.max_queue_spans)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -490,15 +534,21 @@ impl Config {
 
     /// Parses and validates config text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_env(text, &|name: &str| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with `env` in place of the process environment.
+    fn parse_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let raw: RawConfig = if text.trim().is_empty() {
             serde_json::from_str("{}").map_err(|e| ConfigError(e.to_string()))?
         } else {
             serde_saphyr::from_str(text).map_err(|e| ConfigError(e.to_string()))?
         };
-        raw.validate()
+        raw.validate(env)
     }
 
-    /// Whether a reload from `self` to `next` is allowed: listeners, admin and store need a restart.
+    /// Whether a reload from `self` to `next` is allowed: listeners, admin, store and otel need
+    /// a restart.
     pub fn restart_needed(&self, next: &Config) -> Option<&'static str> {
         if self.listen != next.listen {
             Some("listen")
@@ -506,6 +556,8 @@ impl Config {
             Some("admin")
         } else if self.store != next.store {
             Some("store")
+        } else if self.otel != next.otel {
+            Some("otel")
         } else {
             None
         }
@@ -574,7 +626,8 @@ impl RawLimits {
 }
 
 impl RawConfig {
-    fn validate(self) -> Result<Config, ConfigError> {
+    /// `env` reads an environment variable (the `OTEL_*` ones `otel` honours).
+    fn validate(self, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let listen = ListenConfig {
             agent: addr("listen.agent", self.listen.agent, loopback(AGENT_PORT))?,
             admin: addr("listen.admin", self.listen.admin, loopback(ADMIN_PORT))?,
@@ -635,10 +688,15 @@ impl RawConfig {
             }
             tools.insert(tool.name.clone(), Arc::new(tool));
         }
+        let otel = match self.otel {
+            None => None,
+            Some(raw) => raw.validate(env)?,
+        };
         Ok(Config {
             listen,
             admin,
             store,
+            otel,
             policy: Arc::new(Policy {
                 limits,
                 runs,
@@ -648,6 +706,114 @@ impl RawConfig {
             }),
         })
     }
+}
+
+/// The path OTLP/HTTP receivers take traces on.
+const TRACES_PATH: &str = "/v1/traces";
+
+impl RawOtel {
+    /// Each setting: the config key, else its standard `OTEL_*` variable, else the OTLP default.
+    fn validate(
+        self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<OtelConfig>, ConfigError> {
+        const DISABLED: &str = "OTEL_SDK_DISABLED";
+        if env(DISABLED).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Ok(None);
+        }
+        let (key, endpoint) = match (self.endpoint, env("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+            (Some(e), _) => ("otel.endpoint", e),
+            (None, Some(e)) if !e.trim().is_empty() => ("OTEL_EXPORTER_OTLP_ENDPOINT", e),
+            (None, _) => ("otel.endpoint", "http://localhost:4318".to_string()),
+        };
+        let traces_url = traces_url(endpoint.trim()).ok_or_else(|| {
+            bad(
+                key,
+                format!("{endpoint:?} is not an http:// or https:// URL"),
+            )
+        })?;
+        let (key, service_name) = match (self.service_name, env("OTEL_SERVICE_NAME")) {
+            (Some(n), _) => ("otel.service_name", n),
+            (None, Some(n)) => ("OTEL_SERVICE_NAME", n),
+            (None, None) => ("otel.service_name", "toolgate".to_string()),
+        };
+        if service_name.trim().is_empty() {
+            return Err(bad(key, "must not be empty"));
+        }
+        let (key, sample_ratio) = match (self.sample_ratio, env("OTEL_TRACES_SAMPLER_ARG")) {
+            (Some(r), _) => ("otel.sample_ratio", r),
+            (None, Some(arg)) => (
+                "OTEL_TRACES_SAMPLER_ARG",
+                arg.trim()
+                    .parse::<f64>()
+                    .map_err(|_| bad("OTEL_TRACES_SAMPLER_ARG", "is not a number"))?,
+            ),
+            (None, None) => ("otel.sample_ratio", 1.0),
+        };
+        if !(0.0..=1.0).contains(&sample_ratio) {
+            return Err(bad(key, "must be between 0 and 1"));
+        }
+        let headers = match &self.headers_file {
+            None => Vec::new(),
+            Some(path) => otlp_headers("otel.headers_file", path)?,
+        };
+        Ok(Some(OtelConfig {
+            traces_url,
+            service_name: service_name.trim().to_string(),
+            sample_ratio,
+            headers,
+            max_queue_spans: positive("otel.max_queue_spans", self.max_queue_spans, 2048)? as usize,
+            timeout: Duration::from_millis(positive("otel.timeout_ms", self.timeout_ms, 10_000)?),
+        }))
+    }
+}
+
+/// A collector's OTLP/HTTP base URL with `/v1/traces` appended, unless it already ends so.
+fn traces_url(endpoint: &str) -> Option<hyper::Uri> {
+    let base: hyper::Uri = endpoint.parse().ok()?;
+    match (base.scheme_str(), base.host()) {
+        (Some("http" | "https"), Some(_)) => {}
+        _ => return None,
+    }
+    if base.path().ends_with(TRACES_PATH) {
+        return Some(base);
+    }
+    let trimmed = endpoint.trim_end_matches('/');
+    format!("{trimmed}{TRACES_PATH}").parse().ok()
+}
+
+/// `otel.headers_file`: one `Name: value` header a line; blank lines and `#` comments skipped.
+/// Messages name the file and the line, never a value.
+fn otlp_headers(key: &str, path: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad(key, format!("cannot read {}: {e}", path.display())))?;
+    let mut headers = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let parsed = line.split_once(':').and_then(|(name, value)| {
+            let name = hyper::header::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+            let value = value.trim();
+            hyper::header::HeaderValue::from_str(value).ok()?;
+            Some((name.as_str().to_string(), value.to_string()))
+        });
+        match parsed {
+            Some(header) => headers.push(header),
+            None => {
+                return Err(bad(
+                    key,
+                    format!(
+                        "{} line {} is not a `Name: value` header",
+                        path.display(),
+                        i + 1
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(headers)
 }
 
 impl RawPaths {
@@ -1101,6 +1267,99 @@ mod tests {
         let e = Config::parse("tools: [{name: a, upstream: 'http://x/', network: {deny: 1}}]")
             .unwrap_err();
         assert!(e.0.contains("deny"), "{e}");
+    }
+
+    #[test]
+    fn otel_keys_and_their_environment_variables() {
+        let none = |_: &str| None;
+        let c = Config::parse_env("", &none).expect("valid");
+        assert!(c.otel.is_none(), "no otel key, no tracing");
+        let c = Config::parse_env("otel: {}", &none).expect("valid");
+        let o = c.otel.expect("otel");
+        assert_eq!(o.traces_url.to_string(), "http://localhost:4318/v1/traces");
+        assert_eq!((o.service_name.as_str(), o.sample_ratio), ("toolgate", 1.0));
+        assert_eq!(o.max_queue_spans, 2048);
+        let env = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("https://collector.example:4318/".to_string()),
+            "OTEL_SERVICE_NAME" => Some("agent-sidecar".to_string()),
+            "OTEL_TRACES_SAMPLER_ARG" => Some("0.25".to_string()),
+            _ => None,
+        };
+        let o = Config::parse_env("otel: {}", &env).unwrap().otel.unwrap();
+        assert_eq!(
+            o.traces_url.to_string(),
+            "https://collector.example:4318/v1/traces"
+        );
+        assert_eq!(
+            (o.service_name.as_str(), o.sample_ratio),
+            ("agent-sidecar", 0.25)
+        );
+        let o = Config::parse_env(
+            "otel: {endpoint: 'http://c:4318/v1/traces', service_name: tg, sample_ratio: 0.5}",
+            &env,
+        )
+        .unwrap()
+        .otel
+        .unwrap();
+        assert_eq!(o.traces_url.to_string(), "http://c:4318/v1/traces");
+        assert_eq!((o.service_name.as_str(), o.sample_ratio), ("tg", 0.5));
+        let disabled = |name: &str| (name == "OTEL_SDK_DISABLED").then(|| "true".to_string());
+        assert!(
+            Config::parse_env("otel: {}", &disabled)
+                .unwrap()
+                .otel
+                .is_none()
+        );
+        let bad_arg = |name: &str| (name == "OTEL_TRACES_SAMPLER_ARG").then(|| "most".to_string());
+        let e = Config::parse_env("otel: {}", &bad_arg).unwrap_err();
+        assert!(e.0.starts_with("OTEL_TRACES_SAMPLER_ARG"), "{e}");
+        for (yaml, key) in [
+            ("otel: {endpoint: 'grpc://c:4317'}", "otel.endpoint"),
+            ("otel: {sample_ratio: 1.5}", "otel.sample_ratio"),
+            ("otel: {service_name: ''}", "otel.service_name"),
+            ("otel: {max_queue_spans: 0}", "otel.max_queue_spans"),
+            ("otel: {headers_file: /nonexistent/h}", "otel.headers_file"),
+            ("otel: {colour: red}", "colour"),
+        ] {
+            let e = Config::parse_env(yaml, &none).unwrap_err();
+            assert!(e.0.contains(key), "{yaml}: {e}");
+        }
+    }
+
+    #[test]
+    fn otel_headers_file_is_read_and_never_shown() {
+        let dir = std::env::temp_dir().join(format!("toolgate-otel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("headers");
+        std::fs::write(
+            &file,
+            "# collector credentials\nAuthorization: Basic c2VjcmV0\n\nx-tenant: a\n",
+        )
+        .unwrap();
+        let c = Config::parse_env(
+            &format!("otel: {{headers_file: {}}}", file.display()),
+            &|_| None,
+        )
+        .unwrap();
+        let o = c.otel.as_ref().unwrap();
+        assert_eq!(
+            o.headers,
+            [
+                ("authorization".to_string(), "Basic c2VjcmV0".to_string()),
+                ("x-tenant".to_string(), "a".to_string())
+            ]
+        );
+        assert!(
+            !format!("{c:?}").contains("c2VjcmV0"),
+            "Debug shows a header value"
+        );
+        std::fs::write(&file, "Authorization Basic c2VjcmV0\n").unwrap();
+        let e = Config::parse_env(
+            &format!("otel: {{headers_file: {}}}", file.display()),
+            &|_| None,
+        )
+        .unwrap_err();
+        assert!(e.0.contains("line 1") && !e.0.contains("c2VjcmV0"), "{e}");
     }
 
     #[test]

@@ -444,6 +444,10 @@ async fn tools_call(
         tool_call_id: claim(TOOL_CALL_ID_KEY),
         input,
         traceparent: claim("traceparent").and_then(|t| HeaderValue::from_str(&t).ok()),
+        request_id: request.id.as_ref().map(|id| match id {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }),
     };
     let incoming = Incoming {
         form: Form::Mcp(call),

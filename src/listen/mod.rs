@@ -133,6 +133,9 @@ pub async fn run(
     stop.send_replace(true);
     listening.join_all().await;
     tasks.shutdown().await;
+    if let Some(otel) = &state.otel {
+        otel.shutdown().await;
+    }
     tracing::info!("drained");
     Ok(())
 }

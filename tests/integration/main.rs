@@ -12,6 +12,7 @@
 //! - [`runs`]: the admin API: runs, facts, invocation records, failure attribution.
 //! - [`mcp`]: the MCP endpoint and MCP upstreams, against the official Python and TypeScript SDKs.
 //! - [`metrics`]: the `/metrics` exposition.
+//! - [`otel`]: OpenTelemetry spans, as an OTLP/HTTP receiver decodes them, and their export.
 //! - [`reload`]: hot reload of the config file.
 //! - [`roles`]: parameter roles: paths and network targets (preflight step 9b).
 //! - [`drain`]: graceful shutdown.
@@ -37,6 +38,7 @@ mod hardening;
 mod injector;
 mod mcp;
 mod metrics;
+mod otel;
 mod preflight;
 mod projection;
 mod redis;

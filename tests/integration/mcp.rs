@@ -2406,3 +2406,74 @@ async fn mcp_requests_are_counted() {
         assert!(!text.contains(id), "{id} in the metrics");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Traces of an MCP upstream call.
+
+/// With an `otel` key, the upstream span of an MCP tool is `tools/call <remote_name>` with the MCP
+/// attributes, and the upstream gets that span as `_meta.traceparent`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn otel_spans_of_an_mcp_upstream_call() {
+    let collector = crate::support::otlp::Collector::start().await;
+    let store = format!(
+        "{}otel: {{endpoint: \"{}\"}}\n",
+        store_yaml(None),
+        collector.endpoint()
+    );
+    let env = mcp_env(&store, "").await;
+    let ups = upstreams().await;
+    let run = env.run(json!({})).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let body = json!({"run_id": run.id, "tool_call_id": "otel-mcp-1", "tool": "mcp_search", "input": {"q": "mcp"}});
+    let r = env
+        .sc
+        .invoke_raw(
+            Some(&run.token),
+            body.to_string(),
+            &[("traceparent", TRACEPARENT)],
+        )
+        .await;
+    assert_ready(&r, "otel-mcp-1", "EVIDENCE_FOUND");
+    let d = Deadline::after(
+        Duration::from_secs(15),
+        "the spans of the MCP upstream call",
+    );
+    let spans = loop {
+        let spans = collector.trace(trace);
+        if spans.len() >= 4 {
+            break spans;
+        }
+        d.tick().await;
+    };
+    assert_eq!(spans.len(), 4, "{spans:#?}");
+    let root = spans
+        .iter()
+        .find(|s| s.span.name == "execute_tool mcp_search")
+        .expect("the call's span");
+    let upstream = spans
+        .iter()
+        .find(|s| s.span.name == "tools/call search")
+        .expect("the upstream span");
+    assert_eq!(upstream.span.kind, 3, "CLIENT");
+    assert_eq!(upstream.parent_span_id(), root.span_id());
+    let call = &ups.json.calls_of(&run.id)["otel-mcp-1"];
+    for (key, value) in [
+        ("mcp.method.name", "tools/call".to_string()),
+        ("gen_ai.tool.name", "search".to_string()),
+        ("gen_ai.operation.name", "execute_tool".to_string()),
+        ("jsonrpc.request.id", call["body"]["id"].to_string()),
+        ("http.response.status_code", "200".to_string()),
+    ] {
+        assert_eq!(upstream.attr(key), Some(value), "{key}: {upstream:#?}");
+    }
+    assert!(
+        upstream
+            .attr("mcp.protocol.version")
+            .is_some_and(|v| !v.is_empty())
+    );
+    assert_eq!(
+        call["body"]["params"]["_meta"]["traceparent"],
+        format!("00-{trace}-{}-01", upstream.span_id()),
+        "the upstream's parent is toolgate's upstream span"
+    );
+}

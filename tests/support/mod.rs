@@ -1,8 +1,10 @@
 //! The harness of the integration tests, and nothing else: the sidecar on port 0 ([`sidecar`]),
-//! in-process fake tools ([`fake_tool`]), a real Redis Cluster ([`redis_cluster`]), and the small
-//! helpers below. The tests themselves are in `tests/integration/`.
+//! in-process fake tools ([`fake_tool`]), an OTLP/HTTP trace receiver ([`otlp`]), a real Redis
+//! Cluster ([`redis_cluster`]), and the small helpers below. The tests themselves are in
+//! `tests/integration/`.
 
 pub mod fake_tool;
+pub mod otlp;
 pub mod redis_cluster;
 pub mod sidecar;
 

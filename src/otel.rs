@@ -1,0 +1,370 @@
+//! The OpenTelemetry pipeline: a tracer whose finished spans go through a bounded queue to one
+//! background task that exports them in batches as OTLP/HTTP protobuf. Nothing on the call path
+//! waits for it: when the queue is full a finished span is dropped and counted, and a batch the
+//! collector refuses or does not answer in time is dropped and counted too.
+//!
+//! The spans themselves are made by `call::trace`; their names and attributes are listed in
+//! `docs/tracing.md`. Without an `otel` config key there is no [`Tracing`] at all.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::{Context, InstrumentationScope, KeyValue};
+use opentelemetry_http::{HttpClient, HttpError};
+use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter as _, SpanProcessor,
+};
+use tokio::sync::{mpsc, watch};
+
+use crate::body::read_capped;
+use crate::config::OtelConfig;
+use crate::metrics::{Metrics, SpanDrop};
+
+/// The most spans one export request carries.
+const MAX_BATCH: usize = 512;
+/// How long the exporter waits for more spans after the first one of a batch.
+const BATCH_DELAY: Duration = Duration::from_millis(200);
+/// How long shutdown waits for the last export.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// A collector's answer to an export is a small status message; more is not read.
+const MAX_ANSWER_BYTES: u64 = 64 * 1024;
+
+/// The tracer and its export task.
+pub struct Tracing {
+    tracer: SdkTracer,
+    provider: SdkTracerProvider,
+    stop: watch::Sender<bool>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Tracing {
+    /// Builds the exporter on `connector` (the tool-service client's, so https goes through
+    /// rustls with ring) and spawns the export task. Needs a Tokio runtime.
+    pub fn start(
+        config: &OtelConfig,
+        connector: HttpsConnector<HttpConnector>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Tracing, String> {
+        let client = Http {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+            timeout: config.timeout,
+        };
+        // No retries: a failed batch is dropped and counted, so a collector that is down costs
+        // one attempt per batch and the queue keeps moving.
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client)
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(config.traces_url.to_string())
+            .with_timeout(config.timeout)
+            .with_headers(config.headers.iter().cloned().collect())
+            .with_retry_policy(RetryPolicy::disabled())
+            .build()
+            .map_err(|e| format!("OTLP exporter: {e}"))?;
+        let resource = Resource::builder()
+            .with_service_name(config.service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        exporter.set_resource(&resource);
+        let (queue, spans) = mpsc::channel(config.max_queue_spans);
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(export(
+            spans,
+            stopped,
+            exporter,
+            metrics.clone(),
+            config.timeout,
+        ));
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(Queue { queue, metrics })
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                config.sample_ratio,
+            ))))
+            .with_resource(resource)
+            .build();
+        let scope = InstrumentationScope::builder("toolgate")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        Ok(Tracing {
+            tracer: provider.tracer_with_scope(scope),
+            provider,
+            stop,
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    pub fn tracer(&self) -> &SdkTracer {
+        &self.tracer
+    }
+
+    /// The W3C trace context a request carried (`Context::new()` when it carried none, or an
+    /// invalid one).
+    pub fn parent(traceparent: Option<&str>, tracestate: Option<&str>) -> Context {
+        let carrier = Carrier {
+            traceparent,
+            tracestate,
+        };
+        TraceContextPropagator::new().extract_with_context(&Context::new(), &carrier)
+    }
+
+    /// Exports what is queued (within a short grace period) and stops the export task.
+    pub async fn shutdown(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task
+            && tokio::time::timeout(SHUTDOWN_GRACE, task).await.is_err()
+        {
+            tracing::warn!("span export did not finish before shutdown");
+        }
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The exporter's HTTP client: http/1 on the tool-service connector, so no second TLS stack
+/// or HTTP client is built into toolgate for it.
+#[derive(Debug)]
+struct Http {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Http {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let (parts, body) = request.into_parts();
+        let request = Request::from_parts(parts, Full::new(body));
+        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+            .await
+            .map_err(|_| "the collector did not answer in time")??;
+        let (parts, body) = response.into_parts();
+        let body = read_capped(body, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|_| "the collector's answer could not be read")?;
+        Ok(Response::from_parts(parts, body))
+    }
+}
+
+/// A request's `traceparent` and `tracestate`, for the W3C propagator.
+struct Carrier<'a> {
+    traceparent: Option<&'a str>,
+    tracestate: Option<&'a str>,
+}
+
+impl Extractor for Carrier<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            "traceparent" => self.traceparent,
+            "tracestate" => self.tracestate,
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+/// The span processor: hands each finished span to the export task, or drops it at once when
+/// the queue is full.
+struct Queue {
+    queue: mpsc::Sender<SpanData>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("capacity", &self.queue.max_capacity())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SpanProcessor for Queue {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        if self.queue.try_send(span).is_err() {
+            self.metrics.spans_dropped(SpanDrop::QueueFull, 1);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
+}
+
+/// The export task: a batch is up to [`MAX_BATCH`] spans, gathered for at most [`BATCH_DELAY`]
+/// after its first; one request at a time, each bounded by `timeout`. Once stopped, it exports
+/// what is still queued and returns.
+async fn export(
+    mut spans: mpsc::Receiver<SpanData>,
+    mut stopped: watch::Receiver<bool>,
+    exporter: opentelemetry_otlp::SpanExporter,
+    metrics: Arc<Metrics>,
+    timeout: Duration,
+) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        let open = tokio::select! {
+            n = spans.recv_many(&mut batch, MAX_BATCH) => n > 0,
+            _ = stopped.changed() => false,
+        };
+        if !open {
+            break;
+        }
+        let gather = tokio::time::sleep(BATCH_DELAY);
+        tokio::pin!(gather);
+        while batch.len() < MAX_BATCH {
+            let room = MAX_BATCH - batch.len();
+            tokio::select! {
+                n = spans.recv_many(&mut batch, room) => if n == 0 { break },
+                () = &mut gather => break,
+                _ = stopped.changed() => break,
+            }
+        }
+        send(&exporter, &mut batch, &metrics, timeout).await;
+        if *stopped.borrow() {
+            break;
+        }
+    }
+    loop {
+        while batch.len() < MAX_BATCH {
+            match spans.try_recv() {
+                Ok(span) => batch.push(span),
+                Err(_) => break,
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        send(&exporter, &mut batch, &metrics, timeout).await;
+    }
+}
+
+/// One export request with the spans of `batch`, which it leaves empty.
+async fn send(
+    exporter: &opentelemetry_otlp::SpanExporter,
+    batch: &mut Vec<SpanData>,
+    metrics: &Metrics,
+    timeout: Duration,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let n = batch.len() as u64;
+    let sent = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH));
+    let failed = match tokio::time::timeout(timeout, exporter.export(sent)).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("timed out".to_string()),
+    };
+    match failed {
+        None => metrics.spans_exported(n),
+        Some(why) => {
+            tracing::debug!(error = %why, spans = n, "span export failed; spans dropped");
+            metrics.export_error();
+            metrics.spans_dropped(SpanDrop::ExportFailed, n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{
+        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+    };
+
+    use super::*;
+
+    fn finished(flags: TraceFlags) -> SpanData {
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from(7u128),
+                SpanId::from(9u64),
+                flags,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "reserve".into(),
+            start_time: std::time::UNIX_EPOCH,
+            end_time: std::time::UNIX_EPOCH,
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: InstrumentationScope::default(),
+        }
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_its_capacity_and_counts_the_rest() {
+        let metrics = Arc::new(Metrics::new());
+        let (queue, mut spans) = mpsc::channel(3);
+        let processor = Queue {
+            queue,
+            metrics: metrics.clone(),
+        };
+        for _ in 0..10 {
+            processor.on_end(finished(TraceFlags::SAMPLED));
+        }
+        processor.on_end(finished(TraceFlags::default()));
+        let mut held = 0;
+        while spans.try_recv().is_ok() {
+            held += 1;
+        }
+        assert_eq!(held, 3);
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"toolgate_otel_spans_dropped_total{reason="queue_full"} 7"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn parents_come_from_valid_trace_context_only() {
+        use opentelemetry::trace::TraceContextExt as _;
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let cx = Tracing::parent(Some(tp), Some("vendor=1"));
+        let sc = cx.span().span_context().clone();
+        assert!(sc.is_valid() && sc.is_remote() && sc.is_sampled());
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(sc.trace_state().header(), "vendor=1");
+        for bad in [
+            "",
+            "00-0000-00f067aa0ba902b7-01",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            let cx = Tracing::parent(Some(bad), None);
+            assert!(!cx.span().span_context().is_valid(), "{bad:?}");
+        }
+    }
+}
