@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use crate::clock;
 use crate::config::RunPaths;
 use crate::ids::RunId;
-use crate::store::RunView;
+use crate::store::{RunState, RunView};
 
 /// The immutable part of a run that preflight needs, cached per sidecar.
 pub struct RunSpec {
@@ -22,29 +22,52 @@ pub struct RunSpec {
 
 /// Caches run specs: tools and deadline never change after creation, so a cached copy is
 /// right while the run can still take calls, and saves a store read per call.
-#[derive(Default)]
+///
+/// The cache holds at most [`RunCache::MAX`] runs and forgets a run when it ends or is cancelled
+/// through this sidecar. Past their deadline, entries are swept whenever the map has doubled
+/// since the last sweep, so it stays within about twice the runs that can still take calls, at
+/// an amortized constant cost per insert.
 pub struct RunCache {
-    runs: Mutex<HashMap<RunId, Arc<RunSpec>>>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    runs: HashMap<RunId, Arc<RunSpec>>,
+    /// The size at which the next insert sweeps out the runs past their deadline.
+    sweep_at: usize,
+}
+
+impl Default for RunCache {
+    fn default() -> Self {
+        RunCache {
+            inner: Mutex::new(Inner {
+                runs: HashMap::new(),
+                sweep_at: Self::MIN_SWEEP,
+            }),
+        }
+    }
 }
 
 impl RunCache {
     const MAX: usize = 10_000;
+    const MIN_SWEEP: usize = 64;
 
     /// A cached spec is trusted only until its deadline: until then the run key cannot expire
     /// (its TTL is the run's timeout plus the record TTL), so no other run can have taken the
     /// id. After it, the store is asked again.
     pub fn get(&self, run_id: &RunId) -> Option<Arc<RunSpec>> {
-        let mut runs = self.lock();
-        match runs.get(run_id) {
+        let mut inner = self.lock();
+        match inner.runs.get(run_id) {
             Some(spec) if spec.deadline_ms > clock::now_ms() => Some(spec.clone()),
             Some(_) => {
-                runs.remove(run_id);
+                inner.runs.remove(run_id);
                 None
             }
             None => None,
         }
     }
 
+    /// Caches the spec of `run`, only while it can take calls.
     pub fn put(&self, run: &RunView) -> Arc<RunSpec> {
         let spec = Arc::new(RunSpec {
             tools: run.tools.clone(),
@@ -54,20 +77,34 @@ impl RunCache {
                 home: run.home.clone(),
             },
         });
-        let mut runs = self.lock();
-        if runs.len() >= Self::MAX {
-            let now = clock::now_ms();
-            runs.retain(|_, r| r.deadline_ms > now);
-            if runs.len() >= Self::MAX {
-                runs.clear();
-            }
+        if run.state != RunState::Active {
+            return spec;
         }
-        runs.insert(run.run_id.clone(), spec.clone());
+        let mut inner = self.lock();
+        if inner.runs.len() >= inner.sweep_at.min(Self::MAX) {
+            let now = clock::now_ms();
+            inner.runs.retain(|_, r| r.deadline_ms > now);
+            if inner.runs.len() >= Self::MAX {
+                inner.runs.clear();
+            }
+            inner.sweep_at = (2 * inner.runs.len()).max(Self::MIN_SWEEP);
+        }
+        inner.runs.insert(run.run_id.clone(), spec.clone());
         spec
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Arc<RunSpec>>> {
-        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    /// Drops a run that ended or was cancelled: its later calls are refused by the store.
+    pub fn forget(&self, run_id: &RunId) {
+        self.lock().runs.remove(run_id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().runs.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -145,5 +182,66 @@ impl Drop for CallGuard {
         if self.calls.total.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.calls.idle.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Budget, NewRun};
+
+    fn run(id: &str, deadline_ms: u64) -> RunView {
+        RunView::new(NewRun {
+            run_id: RunId::parse(id).unwrap(),
+            created_ms: 0,
+            deadline_ms,
+            budget: Budget {
+                max_calls: 1,
+                max_calls_per_tool: Default::default(),
+                max_record_bytes: 1,
+            },
+            tools: None,
+            paths: RunPaths::default(),
+        })
+    }
+
+    #[test]
+    fn the_cache_keeps_about_twice_the_live_runs() {
+        let cache = RunCache::default();
+        let live = clock::now_ms() + 3_600_000;
+        for i in 0..20 {
+            cache.put(&run(&format!("live-{i}"), live));
+        }
+        // Runs past their deadline that are never asked for again are swept out.
+        let mut most = 0;
+        for i in 0..5_000 {
+            cache.put(&run(&format!("gone-{i}"), 1));
+            most = most.max(cache.len());
+        }
+        assert!(most <= 2 * 20 + RunCache::MIN_SWEEP, "held {most} runs");
+        for i in 0..20 {
+            let id = RunId::parse(&format!("live-{i}")).unwrap();
+            assert!(cache.get(&id).is_some(), "live-{i} was swept");
+        }
+    }
+
+    #[test]
+    fn closed_runs_are_not_cached() {
+        let cache = RunCache::default();
+        let live = clock::now_ms() + 3_600_000;
+        let mut ended = run("ended", live);
+        ended.state = RunState::Ended;
+        assert_eq!(
+            cache.put(&ended).deadline_ms,
+            live,
+            "the spec is still answered"
+        );
+        assert!(cache.get(&ended.run_id).is_none());
+        let open = run("open", live);
+        cache.put(&open);
+        assert!(cache.get(&open.run_id).is_some());
+        cache.forget(&open.run_id);
+        assert!(cache.get(&open.run_id).is_none());
+        assert_eq!(cache.len(), 0);
     }
 }

@@ -57,11 +57,13 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
         (Method::POST, ["v1", "runs", run, "end"]) => {
             let run = run_id(run)?;
             close(state, &run, Close::End).await?;
+            state.runs.forget(&run);
             Ok((StatusCode::OK, facts(state, &run).await?))
         }
         (Method::POST, ["v1", "runs", run, "cancel"]) => {
             let run = run_id(run)?;
             let view = close(state, &run, Close::Cancel).await?;
+            state.runs.forget(&run);
             // An ended run stays ended, and its calls in flight finish normally.
             if view.state == RunState::Cancelled {
                 state.calls.cancel(&run);
