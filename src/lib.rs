@@ -5,7 +5,7 @@
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
 //! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`config`],
-//! [`auth`], [`error`], [`ids`], [`clock`] and [`body`] below them.
+//! [`auth`], [`error`], [`ids`], [`clock`], [`body`] and [`compact`] below them.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
 //! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
@@ -18,6 +18,7 @@
 //! - [`clock`]: the one clock
 //! - [`paths`]: the one canonical path rule and containment check
 //! - [`body`]: capped body reads
+//! - [`compact`]: a tool's raw JSON validated and made compact in one pass
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
 //! - [`demo`]: `toolgate demo`
 #![forbid(unsafe_code)]
@@ -26,6 +27,7 @@ pub mod auth;
 pub mod body;
 pub mod call;
 pub mod clock;
+pub mod compact;
 pub mod config;
 pub mod demo;
 pub mod error;
