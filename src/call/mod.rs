@@ -259,6 +259,8 @@ async fn admit(state: &State, incoming: &mut Incoming) -> Result<Reserved, Rejec
 enum Executed {
     Ready {
         raw: Value,
+        /// `raw` as compact JSON, when the tool's text was kept.
+        raw_json: Option<String>,
         upstream_status: u16,
         projected: Projected,
         result_json: Vec<u8>,
@@ -339,6 +341,7 @@ async fn execute(
         Ok(Ok(reply)) => reply,
     };
     let status = reply.status;
+    let raw_json = reply.raw_json;
     let raw = match reply.raw {
         Ok(raw) => raw,
         // Kept for the harness only: the agent never sees it.
@@ -370,6 +373,7 @@ async fn execute(
         }
         Ok(result_json) => Executed::Ready {
             raw,
+            raw_json,
             upstream_status: status,
             projected,
             result_json,
@@ -391,6 +395,7 @@ async fn finalize(
     let answer = match executed {
         Executed::Ready {
             raw,
+            raw_json,
             upstream_status,
             projected,
             result_json,
@@ -398,6 +403,7 @@ async fn finalize(
             record.status = Status::Ready;
             record.evidence_status = Some(projected.evidence);
             record.raw_response = raw;
+            record.raw_json = raw_json;
             record.agent_result = projected.result;
             record.upstream_status = Some(upstream_status);
             Ok(Shown {

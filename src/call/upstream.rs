@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::mcp::McpSessions;
 use crate::body::{ReadError, json_depth, read_capped};
+use crate::compact;
 use crate::config::Protocol;
 
 /// One request to a tool service.
@@ -39,6 +40,9 @@ pub struct Reply {
     pub status: u16,
     /// The raw response, or why it is a failure (with what is kept for the harness).
     pub raw: Result<Value, Failed>,
+    /// The same raw response as compact JSON, when it was kept as text and not serialized
+    /// from `raw` again.
+    pub raw_json: Option<String>,
 }
 
 /// A tool that answered, but with a failure: a non-2xx status, a body that is not JSON, an MCP
@@ -147,10 +151,31 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let status = response.status().as_u16();
         let body = read_body(response, req.raw_bytes).await?;
+        // The usual answer: compacted in one pass, kept as that text; the tree is parsed from
+        // the compact text for the projection only.
+        if (200..300).contains(&status)
+            && let Some(compact) = compact::compact(&body)
+        {
+            if compact.depth > req.json_depth {
+                return Ok(Reply {
+                    status,
+                    raw: Err(too_deep()),
+                    raw_json: None,
+                });
+            }
+            if let Ok(raw) = serde_json::from_str::<Value>(&compact.json) {
+                return Ok(Reply {
+                    status,
+                    raw: Ok(raw),
+                    raw_json: Some(compact.json),
+                });
+            }
+        }
         if json_depth(&body) > req.json_depth {
             return Ok(Reply {
                 status,
                 raw: Err(too_deep()),
+                raw_json: None,
             });
         }
         let raw = match serde_json::from_slice::<Value>(&body) {
@@ -164,7 +189,11 @@ impl Upstream {
                 why: format!("tool status {status}, body not JSON"),
             }),
         };
-        Ok(Reply { status, raw })
+        Ok(Reply {
+            status,
+            raw,
+            raw_json: None,
+        })
     }
 }
 
