@@ -19,6 +19,7 @@
 //! - [`paths`]: the one canonical path rule and containment check
 //! - [`body`]: capped body reads
 //! - [`compact`]: a tool's raw JSON validated and made compact in one pass
+//! - [`log`]: the JSON log line format
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
 //! - [`demo`]: `toolgate demo`
 #![forbid(unsafe_code)]
@@ -34,6 +35,7 @@ pub mod error;
 pub mod ids;
 pub mod injector;
 pub mod listen;
+pub mod log;
 pub mod metrics;
 pub mod paths;
 pub mod store;
