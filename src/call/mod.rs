@@ -268,6 +268,7 @@ enum Executed {
     Failed {
         error: Error,
         raw: Value,
+        raw_json: Option<String>,
         upstream_status: Option<u16>,
     },
 }
@@ -277,6 +278,7 @@ impl Executed {
         Executed::Failed {
             error,
             raw: Value::Null,
+            raw_json: None,
             upstream_status: None,
         }
     }
@@ -334,6 +336,7 @@ async fn execute(
             return Executed::Failed {
                 error,
                 raw: Value::Null,
+                raw_json: None,
                 upstream_status: Some(status),
             };
         }
@@ -349,27 +352,40 @@ async fn execute(
             return Executed::Failed {
                 error: Error::with_cause(Code::ToolExecutionFailed, failed.why),
                 raw: failed.raw,
+                raw_json: None,
                 upstream_status: Some(status),
             };
         }
     };
-    let projected = tool
-        .projection
-        .project(&tool.name, input, &raw)
-        .and_then(projection::check);
-    let failed = |error: Error, raw: Value| Executed::Failed {
+    // With the raw response kept as text, the record needs no tree: the projection may take
+    // it apart.
+    let (raw, projected) = match &raw_json {
+        Some(_) => (
+            Value::Null,
+            tool.projection.project_owned(&tool.name, input, raw),
+        ),
+        None => {
+            let projected = tool.projection.project(&tool.name, input, &raw);
+            (raw, projected)
+        }
+    };
+    let projected = projected.and_then(projection::check);
+    let failed = |error: Error, raw: Value, raw_json: Option<String>| Executed::Failed {
         error,
         raw,
+        raw_json,
         upstream_status: Some(status),
     };
     let projected = match projected {
         Ok(p) => p,
-        Err(e) => return failed(Error::with_cause(Code::ProjectionFailed, e), raw),
+        Err(e) => {
+            return failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json);
+        }
     };
     match serde_json::to_vec(&projected.result) {
-        Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw),
+        Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json),
         Ok(json) if json.len() as u64 > tool.limits.agent_bytes => {
-            failed(Error::too_large(SizeStage::Agent), raw)
+            failed(Error::too_large(SizeStage::Agent), raw, raw_json)
         }
         Ok(result_json) => Executed::Ready {
             raw,
@@ -414,11 +430,13 @@ async fn finalize(
         Executed::Failed {
             error,
             raw,
+            raw_json,
             upstream_status,
         } => {
             record.status = Status::Error;
             record.evidence_status = Some(Evidence::Error);
             record.raw_response = raw;
+            record.raw_json = raw_json;
             record.error_code = Some(error.code.into());
             record.upstream_status = upstream_status;
             Err(error)

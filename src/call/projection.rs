@@ -27,6 +27,16 @@ pub enum ProjectionError {
 pub trait Projector: Send + Sync {
     fn project(&self, tool: &str, input: &Value, raw: &Value)
     -> Result<Projected, ProjectionError>;
+
+    /// The same, given the raw tree to keep: what the result keeps can be moved, not copied.
+    fn project_owned(
+        &self,
+        tool: &str,
+        input: &Value,
+        raw: Value,
+    ) -> Result<Projected, ProjectionError> {
+        self.project(tool, input, &raw)
+    }
 }
 
 impl Projector for Projection {
@@ -39,16 +49,40 @@ impl Projector for Projection {
         let selected = raw
             .pointer(&self.select)
             .ok_or_else(|| ProjectionError::Unresolved(self.select.clone()))?;
-        let projected = match selected {
+        Ok(self.shape(tool, input, selected.clone()))
+    }
+
+    fn project_owned(
+        &self,
+        tool: &str,
+        input: &Value,
+        mut raw: Value,
+    ) -> Result<Projected, ProjectionError> {
+        let selected = raw
+            .pointer_mut(&self.select)
+            .ok_or_else(|| ProjectionError::Unresolved(self.select.clone()))?;
+        Ok(self.shape(tool, input, std::mem::take(selected)))
+    }
+}
+
+impl Projection {
+    /// The result made of the selected value.
+    fn shape(&self, tool: &str, input: &Value, selected: Value) -> Projected {
+        match selected {
             Value::Null => no_evidence(tool, input),
             Value::Array(items) if items.is_empty() => no_evidence(tool, input),
             Value::Array(items) => {
-                let keep = self.max_items.unwrap_or(items.len()).min(items.len());
-                let kept: Vec<Value> = items[..keep].iter().map(|v| self.keep_fields(v)).collect();
+                let total = items.len();
+                let keep = self.max_items.unwrap_or(total).min(total);
+                let kept: Vec<Value> = items
+                    .into_iter()
+                    .take(keep)
+                    .map(|v| self.keep_fields(v))
+                    .collect();
                 // Built directly: `json!` would deep-copy the items once more.
                 let result = Map::from_iter([
                     ("items".to_string(), Value::Array(kept)),
-                    ("total_items".to_string(), Value::from(items.len())),
+                    ("total_items".to_string(), Value::from(total)),
                 ]);
                 Projected {
                     evidence: Evidence::Found,
@@ -62,22 +96,19 @@ impl Projector for Projection {
                     self.keep_fields(other),
                 )])),
             },
-        };
-        Ok(projected)
+        }
     }
-}
 
-impl Projection {
-    fn keep_fields(&self, v: &Value) -> Value {
+    fn keep_fields(&self, v: Value) -> Value {
         match (v, &self.fields) {
-            (Value::Object(obj), Some(fields)) => {
+            (Value::Object(mut obj), Some(fields)) => {
                 let kept: Map<String, Value> = fields
                     .iter()
-                    .filter_map(|f| obj.get(f).map(|v| (f.clone(), v.clone())))
+                    .filter_map(|f| obj.remove(f).map(|v| (f.clone(), v)))
                     .collect();
                 Value::Object(kept)
             }
-            _ => v.clone(),
+            (v, _) => v,
         }
     }
 }
@@ -173,6 +204,32 @@ mod tests {
             .project("t", &json!({}), &json!([1, 2, 3]))
             .unwrap();
         assert_eq!(p.result, json!({"items": [1, 2, 3], "total_items": 3}));
+    }
+
+    #[test]
+    fn owned_and_borrowed_projections_agree() {
+        let fields = Projection {
+            fields: Some(vec!["title".into(), "title".into(), "none".into()]),
+            ..search()
+        };
+        let raws = [
+            json!({"results": [{"title": "a", "url": "u"}, {"url": "v"}, 3, {"title": "c"}]}),
+            json!({"results": {"title": "t", "x": 1}}),
+            json!({"results": []}),
+            json!({"results": null}),
+            json!({"results": "s"}),
+            json!({"other": 1}),
+        ];
+        for projection in [search(), fields, Projection::default()] {
+            for raw in &raws {
+                let input = json!({"q": 1});
+                assert_eq!(
+                    projection.project("t", &input, raw),
+                    projection.project_owned("t", &input, raw.clone()),
+                    "{raw}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -72,9 +72,9 @@ pub struct Record {
     pub created_at: String,
     pub updated_at: String,
     pub duration_ms: Option<u64>,
-    /// `raw_response` as compact JSON, when the call path kept the tool's text instead of
-    /// serializing a tree again: written in its place. A record read back has `None` here and
-    /// `raw_response` parsed.
+    /// The raw response as compact JSON, when the call path kept the tool's text instead of
+    /// serializing a tree again: written in place of `raw_response` (which the call path then
+    /// leaves null). A record read back has `None` here and `raw_response` parsed.
     #[serde(skip)]
     pub raw_json: Option<String>,
 }
