@@ -343,6 +343,121 @@ impl Writer<'_> {
     }
 }
 
+/// The end of the value that starts at `at` in a compact text (one [`compact`] wrote).
+fn value_end(text: &[u8], at: usize) -> usize {
+    let mut depth = 0usize;
+    let mut i = at;
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                i += 1;
+                while i < text.len() && text[i] != b'"' {
+                    i += if text[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            _ => {
+                if depth == 0 {
+                    // A literal or number: it runs to the next separator.
+                    while i < text.len() && !matches!(text[i], b',' | b'}' | b']' | b':') {
+                        i += 1;
+                    }
+                    return i;
+                }
+                i += 1;
+            }
+        }
+        if depth == 0 {
+            return i;
+        }
+    }
+    i
+}
+
+/// The items of the array `text` (compact), each as its compact text.
+pub fn items(text: &str) -> Option<Vec<&str>> {
+    let b = text.as_bytes();
+    if b.first() != Some(&b'[') {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut i = 1;
+    if b.get(i) == Some(&b']') {
+        return Some(out);
+    }
+    loop {
+        let end = value_end(b, i);
+        out.push(text.get(i..end)?);
+        match b.get(end) {
+            Some(b',') => i = end + 1,
+            Some(b']') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+/// The members of the object `text` (compact): each key as its compact (quoted) text, and
+/// its value's.
+pub fn members(text: &str) -> Option<Vec<(&str, &str)>> {
+    let b = text.as_bytes();
+    if b.first() != Some(&b'{') {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut i = 1;
+    if b.get(i) == Some(&b'}') {
+        return Some(out);
+    }
+    loop {
+        let key_end = value_end(b, i);
+        if b.get(key_end) != Some(&b':') {
+            return None;
+        }
+        let end = value_end(b, key_end + 1);
+        out.push((text.get(i..key_end)?, text.get(key_end + 1..end)?));
+        match b.get(end) {
+            Some(b',') => i = end + 1,
+            Some(b'}') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+/// What the JSON Pointer `pointer` selects in the compact text `text`, resolved as
+/// `serde_json::Value::pointer` resolves it; `None` if it does not resolve.
+pub fn pointer<'a>(text: &'a str, pointer: &str) -> Option<&'a str> {
+    if pointer.is_empty() {
+        return Some(text);
+    }
+    let mut at = text;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        at = match at.as_bytes().first()? {
+            b'{' => {
+                let key = serde_json::to_string(&token).ok()?;
+                members(at)?.into_iter().find(|(k, _)| *k == key)?.1
+            }
+            b'[' => {
+                if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
+                    return None;
+                }
+                let index: usize = token.parse().ok()?;
+                items(at)?.into_iter().nth(index)?
+            }
+            _ => return None,
+        };
+    }
+    Some(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,8 +649,67 @@ mod tests {
         (texts, prop::sample::select(vec!["", " ", "\n"])).prop_map(|(t, w)| format!("{w}{t}{w}"))
     }
 
+    #[test]
+    fn pointers_resolve_as_serde_json_resolves_them() {
+        let text =
+            r#"{"a":[1,{"b/c":"x\\\"]}","m~n":[[]]},"end"],"":{"":-1.5e-7},"0":true,"n":null}"#;
+        let value: Value = serde_json::from_str(text).unwrap();
+        let c = compact(text.as_bytes()).unwrap().json;
+        for p in [
+            "",
+            "/a",
+            "/a/0",
+            "/a/1",
+            "/a/1/b~1c",
+            "/a/1/m~0n",
+            "/a/1/m~0n/0",
+            "/a/2",
+            "/a/3",
+            "/a/01",
+            "/a/+1",
+            "/a/-1",
+            "/",
+            "//",
+            "/0",
+            "/n",
+            "/n/x",
+            "a",
+            "/a/1/b/c",
+            "/zz",
+        ] {
+            let ours = pointer(&c, p).map(|s| serde_json::from_str::<Value>(s).unwrap());
+            assert_eq!(ours.as_ref(), value.pointer(p), "{p}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn items_and_members_split_what_compact_wrote(text in text()) {
+            let Some(c) = compact(text.as_bytes()) else { return Ok(()) };
+            let value: Value = serde_json::from_str(&c.json).unwrap();
+            match &value {
+                Value::Array(vs) => {
+                    let got = items(&c.json).unwrap();
+                    prop_assert_eq!(got.len(), vs.len());
+                    for (s, v) in got.iter().zip(vs) {
+                        prop_assert_eq!(*s, serde_json::to_string(v).unwrap());
+                    }
+                }
+                Value::Object(map) => {
+                    let got = members(&c.json).unwrap();
+                    prop_assert_eq!(got.len(), map.len());
+                    for ((k, s), (mk, v)) in got.iter().zip(map) {
+                        prop_assert_eq!(*k, serde_json::to_string(mk).unwrap());
+                        prop_assert_eq!(*s, serde_json::to_string(v).unwrap());
+                    }
+                }
+                _ => {
+                    prop_assert!(items(&c.json).is_none() && members(&c.json).is_none());
+                }
+            }
+        }
 
         #[test]
         fn compact_is_what_serde_json_writes(text in text()) {

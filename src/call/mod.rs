@@ -259,8 +259,11 @@ async fn admit(state: &State, incoming: &mut Incoming) -> Result<Reserved, Rejec
 enum Executed {
     Ready {
         raw: Value,
-        /// `raw` as compact JSON, when the tool's text was kept.
+        /// `raw` as compact JSON, when the tool's text was kept (`raw` is then null).
         raw_json: Option<String>,
+        /// The agent result as compact JSON, when it was cut out of `raw_json` (the
+        /// projected result is then null).
+        agent_json: Option<String>,
         upstream_status: u16,
         projected: Projected,
         result_json: Vec<u8>,
@@ -357,25 +360,53 @@ async fn execute(
             };
         }
     };
-    // With the raw response kept as text, the record needs no tree: the projection may take
-    // it apart.
-    let (raw, projected) = match &raw_json {
-        Some(_) => (
-            Value::Null,
-            tool.projection.project_owned(&tool.name, input, raw),
-        ),
-        None => {
-            let projected = tool.projection.project(&tool.name, input, &raw);
-            (raw, projected)
-        }
-    };
-    let projected = projected.and_then(projection::check);
     let failed = |error: Error, raw: Value, raw_json: Option<String>| Executed::Failed {
         error,
         raw,
         raw_json,
         upstream_status: Some(status),
     };
+    // With the raw response kept as text, the result is cut out of that text when it holds
+    // evidence; otherwise (or for a tool whose answer came as a tree) the projection runs on
+    // a tree, which it may take apart since the record keeps the text.
+    if let Some(text) = &raw_json
+        && let Some(agent_json) = tool.projection.project_text(text)
+    {
+        if agent_json.len() as u64 > tool.limits.agent_bytes {
+            return failed(Error::too_large(SizeStage::Agent), Value::Null, raw_json);
+        }
+        return Executed::Ready {
+            raw: Value::Null,
+            raw_json,
+            upstream_status: status,
+            projected: Projected {
+                evidence: Evidence::Found,
+                result: Value::Null,
+            },
+            result_json: agent_json.clone().into_bytes(),
+            agent_json: Some(agent_json),
+        };
+    }
+    let (raw, projected) = match &raw_json {
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(tree) => (
+                Value::Null,
+                tool.projection.project_owned(&tool.name, input, tree),
+            ),
+            Err(e) => {
+                return failed(
+                    Error::with_cause(Code::ProjectionFailed, e),
+                    Value::Null,
+                    raw_json,
+                );
+            }
+        },
+        None => {
+            let projected = tool.projection.project(&tool.name, input, &raw);
+            (raw, projected)
+        }
+    };
+    let projected = projected.and_then(projection::check);
     let projected = match projected {
         Ok(p) => p,
         Err(e) => {
@@ -390,6 +421,7 @@ async fn execute(
         Ok(result_json) => Executed::Ready {
             raw,
             raw_json,
+            agent_json: None,
             upstream_status: status,
             projected,
             result_json,
@@ -412,6 +444,7 @@ async fn finalize(
         Executed::Ready {
             raw,
             raw_json,
+            agent_json,
             upstream_status,
             projected,
             result_json,
@@ -420,6 +453,7 @@ async fn finalize(
             record.evidence_status = Some(projected.evidence);
             record.raw_response = raw;
             record.raw_json = raw_json;
+            record.agent_json = agent_json;
             record.agent_result = projected.result;
             record.upstream_status = Some(upstream_status);
             Ok(Shown {

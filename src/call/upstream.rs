@@ -40,8 +40,8 @@ pub struct Reply {
     pub status: u16,
     /// The raw response, or why it is a failure (with what is kept for the harness).
     pub raw: Result<Value, Failed>,
-    /// The same raw response as compact JSON, when it was kept as text and not serialized
-    /// from `raw` again.
+    /// The raw response as compact JSON, when it was kept as text; `raw` is then `Ok(null)`
+    /// and the tree, if one is needed, is parsed from this text.
     pub raw_json: Option<String>,
 }
 
@@ -151,8 +151,7 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let status = response.status().as_u16();
         let body = read_body(response, req.raw_bytes).await?;
-        // The usual answer: compacted in one pass, kept as that text; the tree is parsed from
-        // the compact text for the projection only.
+        // The usual answer: compacted in one pass and kept as that text.
         if (200..300).contains(&status)
             && let Some(compact) = compact::compact(&body)
         {
@@ -163,13 +162,11 @@ impl Upstream {
                     raw_json: None,
                 });
             }
-            if let Ok(raw) = serde_json::from_str::<Value>(&compact.json) {
-                return Ok(Reply {
-                    status,
-                    raw: Ok(raw),
-                    raw_json: Some(compact.json),
-                });
-            }
+            return Ok(Reply {
+                status,
+                raw: Ok(Value::Null),
+                raw_json: Some(compact.json),
+            });
         }
         if json_depth(&body) > req.json_depth {
             return Ok(Reply {

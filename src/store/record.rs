@@ -77,6 +77,10 @@ pub struct Record {
     /// leaves null). A record read back has `None` here and `raw_response` parsed.
     #[serde(skip)]
     pub raw_json: Option<String>,
+    /// The agent result as compact JSON, when the projection wrote it straight from the raw
+    /// text: written in place of `agent_result` (then null), as `raw_json` is.
+    #[serde(skip)]
+    pub agent_json: Option<String>,
 }
 
 impl Record {
@@ -106,6 +110,7 @@ impl Record {
             updated_at: at,
             duration_ms: None,
             raw_json: None,
+            agent_json: None,
         }
     }
 
@@ -123,7 +128,8 @@ impl Record {
     /// in the order and form of the derived `Serialize`, so that the raw response can be
     /// spliced in as it was kept and nothing large is copied for the stripped form.
     fn write_json(&self, stripped: bool) -> Result<String> {
-        let raw_len = self.raw_json.as_ref().map_or(0, String::len);
+        let raw_len = self.raw_json.as_ref().map_or(0, String::len)
+            + self.agent_json.as_ref().map_or(0, String::len);
         let mut out = Vec::with_capacity(512 + if stripped { 0 } else { raw_len });
         let (status, evidence, error_code) = if stripped {
             let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
@@ -148,10 +154,13 @@ impl Record {
             }
             (None, false) => field(w, ",\"raw_response\":", &self.raw_response)?,
         }
-        if stripped {
-            field(w, ",\"agent_result\":", &())?;
-        } else {
-            field(w, ",\"agent_result\":", &self.agent_result)?;
+        match (&self.agent_json, stripped) {
+            (_, true) => field(w, ",\"agent_result\":", &())?,
+            (Some(result), false) => {
+                w.extend_from_slice(b",\"agent_result\":");
+                w.extend_from_slice(result.as_bytes());
+            }
+            (None, false) => field(w, ",\"agent_result\":", &self.agent_result)?,
         }
         field(w, ",\"error_code\":", &error_code)?;
         field(w, ",\"upstream_status\":", &self.upstream_status)?;
@@ -173,7 +182,7 @@ fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, name: &str, value: &T) -> Res
 pub fn check_projecting(r: &Record) -> Result<()> {
     let ok = r.status == Status::Projecting
         && r.evidence_status.is_none()
-        && r.agent_result.is_null()
+        && !has_result(r)
         && r.error_code.is_none();
     if ok {
         Ok(())
@@ -184,6 +193,11 @@ pub fn check_projecting(r: &Record) -> Result<()> {
     }
 }
 
+/// Whether a record carries an agent result, as a tree or as text.
+fn has_result(r: &Record) -> bool {
+    !r.agent_result.is_null() || r.agent_json.is_some()
+}
+
 /// Checks the shape of a final record: READY has evidence and a result; ERROR has a code,
 /// `evidence_status: ERROR` and no agent result.
 pub fn check_final(r: &Record) -> Result<()> {
@@ -191,12 +205,10 @@ pub fn check_final(r: &Record) -> Result<()> {
         Status::Ready => {
             matches!(r.evidence_status, Some(Evidence::Found | Evidence::None))
                 && r.error_code.is_none()
-                && !r.agent_result.is_null()
+                && has_result(r)
         }
         Status::Error => {
-            r.evidence_status == Some(Evidence::Error)
-                && r.agent_result.is_null()
-                && r.error_code.is_some()
+            r.evidence_status == Some(Evidence::Error) && !has_result(r) && r.error_code.is_some()
         }
         Status::Projecting => false,
     };
@@ -358,8 +370,11 @@ mod tests {
 
         let spliced = Record {
             raw_json: Some(crate::compact::compact(text.as_bytes()).unwrap().json),
+            agent_json: Some(serde_json::to_string(&r.agent_result).unwrap()),
+            agent_result: Value::Null,
             ..r.clone()
         };
+        assert!(check_final(&spliced).is_ok());
         assert_eq!(spliced.to_json().unwrap(), r.to_json().unwrap());
 
         let stripped = Record {
