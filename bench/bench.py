@@ -672,7 +672,7 @@ def fmt(x, spec, none="-"):
 def print_table(report):
     cols = [("path", 24), ("req/s", 9), ("/direct", 8), ("/nginx", 7), ("p50 ms", 7),
             ("p99 ms", 7), ("+p99 ms", 8), ("RSS idle", 9), ("RSS load", 9), ("CPU s/10k", 10),
-            ("RT/call", 8), ("failed", 7)]
+            ("CPU us", 7), ("/nginx CPU", 10), ("RT/call", 8), ("failed", 7)]
     head = " ".join(n.ljust(w) if i == 0 else n.rjust(w) for i, (n, w) in enumerate(cols))
     print(head)
     print("-" * len(head))
@@ -694,6 +694,8 @@ def print_table(report):
             fmt(rss.get("idle"), ".1f"),
             fmt(rss.get("load"), ".1f"),
             fmt(r.get("cpu_s_per_10k_calls"), ".2f"),
+            fmt(r.get("proxy_cpu_us_per_call"), ".1f"),
+            fmt(ratios.get("cpu_vs_nginx"), ".2f"),
             fmt(store.get("round_trips_per_call"), ".2f"),
             str(r["requests"]["failed"]),
         ]
@@ -739,13 +741,26 @@ def targets(report):
         out.append({"target": name, "goal": target, "measured": measured,
                     "met": None if measured is None else ok})
 
+    mem = report["paths"].get("toolgate-memory", {})
+    if mem and not mem.get("unavailable"):
+        r = mem["ratios"]
+        t = r.get("throughput_vs_nginx")
+        add("memory throughput vs nginx", ">= 0.6", t, t is not None and t >= 0.6)
+        a = r.get("p99_added_ms_vs_direct")
+        add("memory added p99 vs direct, 4 connections (ms)", "<= 0.5", a,
+            a is not None and a <= 0.5)
+        c = r.get("cpu_vs_nginx")
+        add("memory toolgate CPU per call vs nginx's", "<= 2.5", c, c is not None and c <= 2.5)
     if p and not p.get("unavailable"):
         r = p["ratios"]
         t = r.get("throughput_vs_nginx")
-        add("redis primary throughput vs nginx", ">= 0.5", t, t is not None and t >= 0.5)
+        add("redis primary throughput vs nginx", ">= 0.4", t, t is not None and t >= 0.4)
         a = r.get("p99_added_ms_vs_direct")
         add("redis primary added p99 vs direct, 4 connections (ms)", "<= 1.0", a,
             a is not None and a <= 1.0)
+        c = r.get("cpu_vs_nginx")
+        add("redis primary toolgate CPU per call vs nginx's", "<= 2.5", c,
+            c is not None and c <= 2.5)
         rt = (p.get("store") or {}).get("round_trips_per_call")
         add("redis primary store round trips per call", "2", rt,
             rt is not None and abs(rt - 2) < 0.05)
@@ -980,6 +995,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             "ratios": {},
             "cpu_s_per_10k_calls": cpu / reqs * 10_000 if cpu is not None and reqs else None,
             "tool_and_store_cpu_s_per_10k_calls": extra_cpu / reqs * 10_000 if reqs else None,
+            "cpu_us_per_call": cpu / reqs * 1e6 if cpu is not None and reqs else None,
+            "tool_and_store_cpu_us_per_call": extra_cpu / reqs * 1e6 if reqs else None,
             "requests": {"total": sum(r["requests"] for r in every), "failed": failed,
                          "by_status": statuses,
                          "socket_errors": sum(r["socket_errors"] for r in every)},
@@ -1020,6 +1037,21 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         if n == MCP_PATH:
             e["ratios"]["throughput_vs_invoke"] = paired(n, INVOKE_PATH, "tput")
             e["ratios"]["p99_added_ms_vs_invoke"] = paired(n, INVOKE_PATH, "p99")
+    # CPU per call of the proxy, from /proc. A toolgate path counts its own process; nginx's
+    # proxied call is its workers plus the tool, less the tool's CPU per call on the direct
+    # path, so that the tool's serving share is taken out the same way on both sides.
+    d, ng = report["paths"].get("direct") or {}, report["paths"].get("nginx") or {}
+    tool_us = d.get("tool_and_store_cpu_us_per_call")
+    nginx_us = None
+    if ng.get("cpu_us_per_call") is not None and tool_us is not None:
+        nginx_us = ng["cpu_us_per_call"] + ng["tool_and_store_cpu_us_per_call"] - tool_us
+        ng["proxy_cpu_us_per_call"] = nginx_us
+    for n, e in report["paths"].items():
+        if e.get("unavailable") or not n.startswith("toolgate"):
+            continue
+        e["proxy_cpu_us_per_call"] = e.get("cpu_us_per_call")
+        if nginx_us and e.get("cpu_us_per_call") is not None:
+            e["ratios"]["cpu_vs_nginx"] = e["cpu_us_per_call"] / nginx_us
     report["mcp_vs_invoke"] = mcp_vs_invoke(report)
 
     report["failed_requests"] = total_failed

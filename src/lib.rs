@@ -5,7 +5,7 @@
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
 //! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`otel`], [`config`],
-//! [`auth`], [`error`], [`ids`], [`clock`] and [`body`] below them.
+//! [`auth`], [`error`], [`ids`], [`clock`], [`body`] and [`compact`] below them.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
 //! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
@@ -19,6 +19,8 @@
 //! - [`clock`]: the one clock
 //! - [`paths`]: the one canonical path rule and containment check
 //! - [`body`]: capped body reads
+//! - [`compact`]: a tool's raw JSON validated and made compact in one pass
+//! - [`log`]: the JSON log line format
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
 //! - [`demo`]: `toolgate demo`
 #![forbid(unsafe_code)]
@@ -27,12 +29,14 @@ pub mod auth;
 pub mod body;
 pub mod call;
 pub mod clock;
+pub mod compact;
 pub mod config;
 pub mod demo;
 pub mod error;
 pub mod ids;
 pub mod injector;
 pub mod listen;
+pub mod log;
 pub mod metrics;
 pub mod otel;
 pub mod paths;

@@ -198,8 +198,8 @@ fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
+        .fmt_fields(toolgate::log::fields())
+        .event_format(toolgate::log::JsonLines::default())
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();

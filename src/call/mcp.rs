@@ -206,6 +206,7 @@ async fn answer(
                 raw,
                 why: format!("MCP upstream status {status}"),
             }),
+            raw_json: None,
         });
     }
     let message = if is_stream {
@@ -219,7 +220,11 @@ async fn answer(
         Some(m) if value_depth(&m) > json_depth + 1 => Err(too_deep()),
         message => outcome(message, id),
     };
-    Ok(Reply { status, raw })
+    Ok(Reply {
+        status,
+        raw,
+        raw_json: None,
+    })
 }
 
 /// A JSON-RPC response turned into the raw response or a failure.

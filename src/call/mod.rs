@@ -293,6 +293,11 @@ async fn admit(
 enum Executed {
     Ready {
         raw: Value,
+        /// `raw` as compact JSON, when the tool's text was kept (`raw` is then null).
+        raw_json: Option<String>,
+        /// The agent result as compact JSON, when it was cut out of `raw_json` (the
+        /// projected result is then null).
+        agent_json: Option<String>,
         upstream_status: u16,
         projected: Projected,
         result_json: Vec<u8>,
@@ -300,6 +305,7 @@ enum Executed {
     Failed {
         error: Error,
         raw: Value,
+        raw_json: Option<String>,
         upstream_status: Option<u16>,
     },
 }
@@ -309,6 +315,7 @@ impl Executed {
         Executed::Failed {
             error,
             raw: Value::Null,
+            raw_json: None,
             upstream_status: None,
         }
     }
@@ -370,6 +377,7 @@ async fn execute(
             return Executed::Failed {
                 error,
                 raw: Value::Null,
+                raw_json: None,
                 upstream_status: Some(status),
             };
         }
@@ -377,6 +385,7 @@ async fn execute(
         Ok(Ok(reply)) => reply,
     };
     let status = reply.status;
+    let raw_json = reply.raw_json;
     let raw = match reply.raw {
         Ok(raw) => raw,
         // Kept for the harness only: the agent never sees it.
@@ -384,30 +393,73 @@ async fn execute(
             return Executed::Failed {
                 error: Error::with_cause(Code::ToolExecutionFailed, failed.why),
                 raw: failed.raw,
+                raw_json: None,
                 upstream_status: Some(status),
             };
         }
     };
-    let projected = tool
-        .projection
-        .project(&tool.name, input, &raw)
-        .and_then(projection::check);
-    let failed = |error: Error, raw: Value| Executed::Failed {
+    let failed = |error: Error, raw: Value, raw_json: Option<String>| Executed::Failed {
         error,
         raw,
+        raw_json,
         upstream_status: Some(status),
     };
+    // With the raw response kept as text, the result is cut out of that text when it holds
+    // evidence; otherwise (or for a tool whose answer came as a tree) the projection runs on
+    // a tree, which it may take apart since the record keeps the text.
+    if let Some(text) = &raw_json
+        && let Some(agent_json) = tool.projection.project_text(text)
+    {
+        if agent_json.len() as u64 > tool.limits.agent_bytes {
+            return failed(Error::too_large(SizeStage::Agent), Value::Null, raw_json);
+        }
+        return Executed::Ready {
+            raw: Value::Null,
+            raw_json,
+            upstream_status: status,
+            projected: Projected {
+                evidence: Evidence::Found,
+                result: Value::Null,
+            },
+            result_json: agent_json.clone().into_bytes(),
+            agent_json: Some(agent_json),
+        };
+    }
+    let (raw, projected) = match &raw_json {
+        Some(text) => match serde_json::from_str::<Value>(text) {
+            Ok(tree) => (
+                Value::Null,
+                tool.projection.project_owned(&tool.name, input, tree),
+            ),
+            Err(e) => {
+                return failed(
+                    Error::with_cause(Code::ProjectionFailed, e),
+                    Value::Null,
+                    raw_json,
+                );
+            }
+        },
+        None => {
+            let projected = tool.projection.project(&tool.name, input, &raw);
+            (raw, projected)
+        }
+    };
+    let projected = projected.and_then(projection::check);
     let projected = match projected {
         Ok(p) => p,
-        Err(e) => return failed(Error::with_cause(Code::ProjectionFailed, e), raw),
+        Err(e) => {
+            return failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json);
+        }
     };
     match serde_json::to_vec(&projected.result) {
-        Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw),
+        Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json),
         Ok(json) if json.len() as u64 > tool.limits.agent_bytes => {
-            failed(Error::too_large(SizeStage::Agent), raw)
+            failed(Error::too_large(SizeStage::Agent), raw, raw_json)
         }
         Ok(result_json) => Executed::Ready {
             raw,
+            raw_json,
+            agent_json: None,
             upstream_status: status,
             projected,
             result_json,
@@ -430,6 +482,8 @@ async fn finalize(
     let answer = match executed {
         Executed::Ready {
             raw,
+            raw_json,
+            agent_json,
             upstream_status,
             projected,
             result_json,
@@ -437,6 +491,8 @@ async fn finalize(
             record.status = Status::Ready;
             record.evidence_status = Some(projected.evidence);
             record.raw_response = raw;
+            record.raw_json = raw_json;
+            record.agent_json = agent_json;
             record.agent_result = projected.result;
             record.upstream_status = Some(upstream_status);
             Ok(Shown {
@@ -447,11 +503,13 @@ async fn finalize(
         Executed::Failed {
             error,
             raw,
+            raw_json,
             upstream_status,
         } => {
             record.status = Status::Error;
             record.evidence_status = Some(Evidence::Error);
             record.raw_response = raw;
+            record.raw_json = raw_json;
             record.error_code = Some(error.code.into());
             record.upstream_status = upstream_status;
             Err(error)

@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::compact;
 use crate::config::Projection;
 use crate::store::Evidence;
 
@@ -27,6 +28,16 @@ pub enum ProjectionError {
 pub trait Projector: Send + Sync {
     fn project(&self, tool: &str, input: &Value, raw: &Value)
     -> Result<Projected, ProjectionError>;
+
+    /// The same, given the raw tree to keep: what the result keeps can be moved, not copied.
+    fn project_owned(
+        &self,
+        tool: &str,
+        input: &Value,
+        raw: Value,
+    ) -> Result<Projected, ProjectionError> {
+        self.project(tool, input, &raw)
+    }
 }
 
 impl Projector for Projection {
@@ -39,16 +50,84 @@ impl Projector for Projection {
         let selected = raw
             .pointer(&self.select)
             .ok_or_else(|| ProjectionError::Unresolved(self.select.clone()))?;
-        let projected = match selected {
+        Ok(self.shape(tool, input, selected.clone()))
+    }
+
+    fn project_owned(
+        &self,
+        tool: &str,
+        input: &Value,
+        mut raw: Value,
+    ) -> Result<Projected, ProjectionError> {
+        let selected = raw
+            .pointer_mut(&self.select)
+            .ok_or_else(|| ProjectionError::Unresolved(self.select.clone()))?;
+        Ok(self.shape(tool, input, std::mem::take(selected)))
+    }
+}
+
+impl Projection {
+    /// The agent result as compact JSON, cut straight out of a raw response kept as compact
+    /// text (one [`compact::compact`] wrote): the bytes serde_json writes for the result of
+    /// [`Projector::project`], whose evidence is then `EVIDENCE_FOUND`. `None` when the
+    /// selection is null, empty or unresolved: the tree path decides those.
+    pub fn project_text(&self, raw: &str) -> Option<String> {
+        let selected = compact::pointer(raw, &self.select)?;
+        let keys: Option<Vec<String>> = match &self.fields {
+            Some(fields) => Some(
+                fields
+                    .iter()
+                    .map(|f| serde_json::to_string(f).ok())
+                    .collect::<Option<_>>()?,
+            ),
+            None => None,
+        };
+        let mut out = String::with_capacity(selected.len() + 32);
+        match selected.as_bytes().first()? {
+            b'n' => return None,
+            b'[' => {
+                let items = compact::items(selected)?;
+                if items.is_empty() {
+                    return None;
+                }
+                let keep = self.max_items.unwrap_or(items.len()).min(items.len());
+                out.push_str("{\"items\":[");
+                for (i, item) in items[..keep].iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    keep_fields_text(&mut out, keys.as_deref(), item)?;
+                }
+                out.push_str("],\"total_items\":");
+                out.push_str(&items.len().to_string());
+                out.push('}');
+            }
+            _ => {
+                out.push_str("{\"item\":");
+                keep_fields_text(&mut out, keys.as_deref(), selected)?;
+                out.push('}');
+            }
+        }
+        Some(out)
+    }
+
+    /// The result made of the selected value.
+    fn shape(&self, tool: &str, input: &Value, selected: Value) -> Projected {
+        match selected {
             Value::Null => no_evidence(tool, input),
             Value::Array(items) if items.is_empty() => no_evidence(tool, input),
             Value::Array(items) => {
-                let keep = self.max_items.unwrap_or(items.len()).min(items.len());
-                let kept: Vec<Value> = items[..keep].iter().map(|v| self.keep_fields(v)).collect();
+                let total = items.len();
+                let keep = self.max_items.unwrap_or(total).min(total);
+                let kept: Vec<Value> = items
+                    .into_iter()
+                    .take(keep)
+                    .map(|v| self.keep_fields(v))
+                    .collect();
                 // Built directly: `json!` would deep-copy the items once more.
                 let result = Map::from_iter([
                     ("items".to_string(), Value::Array(kept)),
-                    ("total_items".to_string(), Value::from(items.len())),
+                    ("total_items".to_string(), Value::from(total)),
                 ]);
                 Projected {
                     evidence: Evidence::Found,
@@ -62,24 +141,49 @@ impl Projector for Projection {
                     self.keep_fields(other),
                 )])),
             },
-        };
-        Ok(projected)
+        }
     }
-}
 
-impl Projection {
-    fn keep_fields(&self, v: &Value) -> Value {
+    fn keep_fields(&self, v: Value) -> Value {
         match (v, &self.fields) {
-            (Value::Object(obj), Some(fields)) => {
+            (Value::Object(mut obj), Some(fields)) => {
                 let kept: Map<String, Value> = fields
                     .iter()
-                    .filter_map(|f| obj.get(f).map(|v| (f.clone(), v.clone())))
+                    .filter_map(|f| obj.remove(f).map(|v| (f.clone(), v)))
                     .collect();
                 Value::Object(kept)
             }
-            _ => v.clone(),
+            (v, _) => v,
         }
     }
+}
+
+/// [`Projection::keep_fields`] on compact text: `keys` are the fields as JSON strings. A field
+/// named twice is kept once, where it was first named, as a map built from the pairs keeps it.
+fn keep_fields_text(out: &mut String, keys: Option<&[String]>, value: &str) -> Option<()> {
+    let Some(keys) = keys.filter(|_| value.starts_with('{')) else {
+        out.push_str(value);
+        return Some(());
+    };
+    let members = compact::members(value)?;
+    let mut kept: Vec<&str> = Vec::with_capacity(keys.len());
+    out.push('{');
+    for key in keys {
+        if kept.contains(&key.as_str()) {
+            continue;
+        }
+        if let Some((k, v)) = members.iter().find(|(k, _)| k == key) {
+            if !kept.is_empty() {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push(':');
+            out.push_str(v);
+            kept.push(key);
+        }
+    }
+    out.push('}');
+    Some(())
 }
 
 fn no_evidence(tool: &str, input: &Value) -> Projected {
@@ -173,6 +277,83 @@ mod tests {
             .project("t", &json!({}), &json!([1, 2, 3]))
             .unwrap();
         assert_eq!(p.result, json!({"items": [1, 2, 3], "total_items": 3}));
+    }
+
+    #[test]
+    fn owned_and_borrowed_projections_agree() {
+        let fields = Projection {
+            fields: Some(vec!["title".into(), "title".into(), "none".into()]),
+            ..search()
+        };
+        let raws = [
+            json!({"results": [{"title": "a", "url": "u"}, {"url": "v"}, 3, {"title": "c"}]}),
+            json!({"results": {"title": "t", "x": 1}}),
+            json!({"results": []}),
+            json!({"results": null}),
+            json!({"results": "s"}),
+            json!({"other": 1}),
+        ];
+        for projection in [search(), fields, Projection::default()] {
+            for raw in &raws {
+                let input = json!({"q": 1});
+                assert_eq!(
+                    projection.project("t", &input, raw),
+                    projection.project_owned("t", &input, raw.clone()),
+                    "{raw}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn text_projection_writes_what_the_tree_projection_serializes_to() {
+        let fields = |f: &[&str]| Some(f.iter().map(|s| s.to_string()).collect());
+        let projections = [
+            search(),
+            Projection::default(),
+            Projection {
+                fields: fields(&["title", "title", "none", "é\"k"]),
+                ..search()
+            },
+            Projection {
+                select: "/results/1".into(),
+                max_items: Some(0),
+                fields: fields(&["url"]),
+            },
+            Projection {
+                select: "/a~1b/0".into(),
+                ..Projection::default()
+            },
+        ];
+        let raws = [
+            r#"{"results":[{"title":"a","url":"u","é\"k":1},{"url":"v"},3,{"title":"c"}]}"#,
+            r#"{"results":{"title":"t","x":[1,{"y":"}"}]}}"#,
+            r#"{"results":[]}"#,
+            r#"{"results":null}"#,
+            r#"{"results":"s,]}"}"#,
+            r#"{"other":1,"a/b":[{"z":1}]}"#,
+            r#"[1,[2],{"3":4}]"#,
+            "7",
+        ];
+        let input = json!({"q": 1});
+        for projection in &projections {
+            for raw in raws {
+                let compact = compact::compact(raw.as_bytes()).unwrap().json;
+                let tree: Value = serde_json::from_str(raw).unwrap();
+                let by_tree = projection.project("t", &input, &tree);
+                match projection.project_text(&compact) {
+                    Some(text) => {
+                        let p = by_tree.unwrap();
+                        assert_eq!(p.evidence, Evidence::Found);
+                        assert_eq!(text, serde_json::to_string(&p.result).unwrap(), "{raw}");
+                    }
+                    None => assert!(
+                        by_tree.map_or(true, |p| p.evidence == Evidence::None),
+                        "{raw} {projection:?}"
+                    ),
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use super::mcp::McpSessions;
 use crate::body::{ReadError, json_depth, read_capped};
+use crate::compact;
 use crate::config::Protocol;
 
 /// One request to a tool service.
@@ -41,6 +42,9 @@ pub struct Reply {
     pub status: u16,
     /// The raw response, or why it is a failure (with what is kept for the harness).
     pub raw: Result<Value, Failed>,
+    /// The raw response as compact JSON, when it was kept as text; `raw` is then `Ok(null)`
+    /// and the tree, if one is needed, is parsed from this text.
+    pub raw_json: Option<String>,
 }
 
 /// A tool that answered, but with a failure: a non-2xx status, a body that is not JSON, an MCP
@@ -152,10 +156,28 @@ impl Upstream {
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         let status = response.status().as_u16();
         let body = read_body(response, req.raw_bytes).await?;
+        // The usual answer: compacted in one pass and kept as that text.
+        if (200..300).contains(&status)
+            && let Some(compact) = compact::compact(&body)
+        {
+            if compact.depth > req.json_depth {
+                return Ok(Reply {
+                    status,
+                    raw: Err(too_deep()),
+                    raw_json: None,
+                });
+            }
+            return Ok(Reply {
+                status,
+                raw: Ok(Value::Null),
+                raw_json: Some(compact.json),
+            });
+        }
         if json_depth(&body) > req.json_depth {
             return Ok(Reply {
                 status,
                 raw: Err(too_deep()),
+                raw_json: None,
             });
         }
         let raw = match serde_json::from_slice::<Value>(&body) {
@@ -169,7 +191,11 @@ impl Upstream {
                 why: format!("tool status {status}, body not JSON"),
             }),
         };
-        Ok(Reply { status, raw })
+        Ok(Reply {
+            status,
+            raw,
+            raw_json: None,
+        })
     }
 }
 

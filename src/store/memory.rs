@@ -1,9 +1,14 @@
 //! The embedded store: the same semantics as Redis Cluster (TTL included) in one process.
 //! Every operation takes one lock, so each is atomic, as a Lua script is in Redis. Expiry runs
 //! on the one clock ([`crate::clock`]), so tests move TTLs by pausing and advancing tokio time.
+//!
+//! Nothing grows as one block: records sit in many small hash maps that each grow on their
+//! own, expiry instants in an ordered map of small lists, progress lists in chunks. So no
+//! single operation pays for rehashing or copying the whole store, however many records it
+//! holds.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
@@ -35,13 +40,110 @@ const PROGRESS_OVERHEAD: u64 = 32;
 
 #[derive(Default)]
 struct Inner {
-    runs: HashMap<RunId, Expiring<RunEntry>>,
-    records: HashMap<(RunId, ToolCallId), Expiring<String>>,
+    runs: Sharded<RunId, Expiring<RunEntry>>,
+    records: Sharded<(RunId, ToolCallId), Expiring<String>>,
     /// The bytes the runs and records above take, by the estimate of the constants above.
     bytes: u64,
-    /// Every key's expiry instant, soonest first: expired keys are dropped in O(log n) each,
+    /// The keys due at each instant, soonest first: expired keys are dropped in O(log n) each,
     /// so memory stays bounded by the TTLs without ever scanning the whole store.
-    expiry: BinaryHeap<Reverse<(Instant, Key)>>,
+    expiry: BTreeMap<Instant, Vec<Key>>,
+}
+
+/// How many maps the records (and runs) are spread over: a shard that grows rehashes only its
+/// own share, about a 256th of the store.
+const SHARDS: usize = 256;
+
+/// A hash map split into [`SHARDS`] maps by the key's hash, each growing independently.
+struct Sharded<K, V> {
+    shards: Vec<HashMap<K, V>>,
+    hasher: RandomState,
+    len: usize,
+}
+
+impl<K, V> Default for Sharded<K, V> {
+    fn default() -> Self {
+        Sharded {
+            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            hasher: RandomState::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<K: Hash + Eq, V> Sharded<K, V> {
+    fn shard(&self, key: &K) -> usize {
+        // The low bits pick the slot inside a shard's own map (its own hasher); the high bits
+        // pick the shard.
+        (self.hasher.hash_one(key) >> 56) as usize % SHARDS
+    }
+
+    fn get(&self, key: &K) -> Option<&V> {
+        self.shards[self.shard(key)].get(key)
+    }
+
+    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        let i = self.shard(key);
+        self.shards[i].get_mut(key)
+    }
+
+    fn insert(&mut self, key: K, value: V) -> Option<V> {
+        let i = self.shard(&key);
+        let old = self.shards[i].insert(key, value);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    fn remove(&mut self, key: &K) -> Option<V> {
+        let i = self.shard(key);
+        let old = self.shards[i].remove(key);
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A list that grows by fixed-size chunks, never by copying what it holds.
+struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
+}
+
+/// Entries per chunk of a [`Chunked`] list.
+const CHUNK: usize = 1024;
+
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked { chunks: Vec::new() }
+    }
+}
+
+impl<T> Chunked<T> {
+    fn push(&mut self, value: T) {
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < CHUNK => last.push(value),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK);
+                chunk.push(value);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -52,7 +154,7 @@ enum Key {
 
 struct RunEntry {
     run: RunView,
-    progress: Vec<ToolCallId>,
+    progress: Chunked<ToolCallId>,
     /// What this entry counts in `Inner::bytes`.
     size: u64,
 }
@@ -106,27 +208,31 @@ impl Inner {
     /// Drops the keys whose time has come. A heap entry whose key was since replaced by a
     /// newer one (same name, later expiry) leaves that key alone.
     fn expire(&mut self, now: Instant) {
-        while let Some(Reverse((at, _))) = self.expiry.peek() {
-            if *at > now {
+        while let Some(due) = self.expiry.first_entry() {
+            if *due.key() > now {
                 break;
             }
-            let Some(Reverse((at, key))) = self.expiry.pop() else {
-                break;
-            };
-            match key {
-                Key::Run(id) => {
-                    if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
-                        self.remove_run(&id);
+            let (at, keys) = due.remove_entry();
+            for key in keys {
+                match key {
+                    Key::Run(id) => {
+                        if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
+                            self.remove_run(&id);
+                        }
                     }
-                }
-                Key::Record(run, id) => {
-                    let key = (run, id);
-                    if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
-                        self.remove_record(&key);
+                    Key::Record(run, id) => {
+                        let key = (run, id);
+                        if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
+                            self.remove_record(&key);
+                        }
                     }
                 }
             }
         }
+    }
+
+    fn expire_at(&mut self, at: Instant, key: Key) {
+        self.expiry.entry(at).or_default().push(key);
     }
 
     /// Fails closed when `size` more bytes would take the store past `max_bytes`.
@@ -199,15 +305,13 @@ impl Store for MemoryStore {
                 Expiring {
                     value: RunEntry {
                         run: view.clone(),
-                        progress: Vec::new(),
+                        progress: Chunked::default(),
                         size,
                     },
                     expires_at: now + ttl,
                 },
             );
-            inner
-                .expiry
-                .push(Reverse((now + ttl, Key::Run(view.run_id.clone()))));
+            inner.expire_at(now + ttl, Key::Run(view.run_id.clone()));
             Ok(view)
         })
     }
@@ -255,10 +359,7 @@ impl Store for MemoryStore {
                 .entry(record.tool.to_string())
                 .or_insert(0) += 1;
             let expires_at = now + self.record_ttl_ms;
-            inner.expiry.push(Reverse((
-                expires_at,
-                Key::Record(key.0.clone(), key.1.clone()),
-            )));
+            inner.expire_at(expires_at, Key::Record(key.0.clone(), key.1.clone()));
             inner.put_record(
                 key,
                 Expiring {
@@ -332,7 +433,10 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let now = clock::now_ms();
             let mut inner = self.lock();
-            let Some(ids) = inner.run(run_id, now).map(|e| e.progress.clone()) else {
+            let Some(ids) = inner
+                .run(run_id, now)
+                .map(|e| e.progress.iter().cloned().collect::<Vec<_>>())
+            else {
                 return Ok(None);
             };
             let mut out = Vec::with_capacity(ids.len());

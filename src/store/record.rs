@@ -72,6 +72,15 @@ pub struct Record {
     pub created_at: String,
     pub updated_at: String,
     pub duration_ms: Option<u64>,
+    /// The raw response as compact JSON, when the call path kept the tool's text instead of
+    /// serializing a tree again: written in place of `raw_response` (which the call path then
+    /// leaves null). A record read back has `None` here and `raw_response` parsed.
+    #[serde(skip)]
+    pub raw_json: Option<String>,
+    /// The agent result as compact JSON, when the projection wrote it straight from the raw
+    /// text: written in place of `agent_result` (then null), as `raw_json` is.
+    #[serde(skip)]
+    pub agent_json: Option<String>,
 }
 
 impl Record {
@@ -100,46 +109,80 @@ impl Record {
             created_at: at.clone(),
             updated_at: at,
             duration_ms: None,
+            raw_json: None,
+            agent_json: None,
         }
     }
 
     /// The compact JSON form whose byte length every size limit counts.
     pub fn to_json(&self) -> Result<String> {
-        serde_json::to_string(self).map_err(Error::internal)
+        self.write_json(false)
     }
 
     pub fn from_json(s: &str) -> Result<Record> {
         serde_json::from_str(s).map_err(|e| Error::internal(format!("corrupt record: {e}")))
     }
 
-    /// This record turned into a stripped `ERROR/RESULT_TOO_LARGE`: no raw, no agent result.
-    /// Built field by field so the (possibly large) raw response and result are never copied.
-    fn too_large(&self) -> Record {
-        Record {
-            schema: self.schema,
-            run_id: self.run_id.clone(),
-            tool_call_id: self.tool_call_id.clone(),
-            tool: self.tool.clone(),
-            status: Status::Error,
-            evidence_status: Some(Evidence::Error),
-            request: self.request.clone(),
-            agent_input: self.agent_input.clone(),
-            raw_response: Value::Null,
-            agent_result: Value::Null,
-            error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
-            upstream_status: self.upstream_status,
-            created_at: self.created_at.clone(),
-            updated_at: self.updated_at.clone(),
-            duration_ms: self.duration_ms,
+    /// The compact JSON of this record, or (`stripped`) of this record turned into an
+    /// `ERROR/RESULT_TOO_LARGE` without raw response or agent result. Written field by field,
+    /// in the order and form of the derived `Serialize`, so that the raw response can be
+    /// spliced in as it was kept and nothing large is copied for the stripped form.
+    fn write_json(&self, stripped: bool) -> Result<String> {
+        let raw_len = self.raw_json.as_ref().map_or(0, String::len)
+            + self.agent_json.as_ref().map_or(0, String::len);
+        let mut out = Vec::with_capacity(512 + if stripped { 0 } else { raw_len });
+        let (status, evidence, error_code) = if stripped {
+            let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
+            (Status::Error, Some(Evidence::Error), Some(code))
+        } else {
+            (self.status, self.evidence_status, self.error_code)
+        };
+        let w = &mut out;
+        field(w, "{\"schema\":", &self.schema)?;
+        field(w, ",\"run_id\":", &self.run_id)?;
+        field(w, ",\"tool_call_id\":", &self.tool_call_id)?;
+        field(w, ",\"tool\":", &self.tool)?;
+        field(w, ",\"status\":", &status)?;
+        field(w, ",\"evidence_status\":", &evidence)?;
+        field(w, ",\"request\":", &self.request)?;
+        field(w, ",\"agent_input\":", &self.agent_input)?;
+        match (&self.raw_json, stripped) {
+            (_, true) => field(w, ",\"raw_response\":", &())?,
+            (Some(raw), false) => {
+                w.extend_from_slice(b",\"raw_response\":");
+                w.extend_from_slice(raw.as_bytes());
+            }
+            (None, false) => field(w, ",\"raw_response\":", &self.raw_response)?,
         }
+        match (&self.agent_json, stripped) {
+            (_, true) => field(w, ",\"agent_result\":", &())?,
+            (Some(result), false) => {
+                w.extend_from_slice(b",\"agent_result\":");
+                w.extend_from_slice(result.as_bytes());
+            }
+            (None, false) => field(w, ",\"agent_result\":", &self.agent_result)?,
+        }
+        field(w, ",\"error_code\":", &error_code)?;
+        field(w, ",\"upstream_status\":", &self.upstream_status)?;
+        field(w, ",\"created_at\":", &self.created_at)?;
+        field(w, ",\"updated_at\":", &self.updated_at)?;
+        field(w, ",\"duration_ms\":", &self.duration_ms)?;
+        w.push(b'}');
+        String::from_utf8(out).map_err(Error::internal)
     }
+}
+
+/// Writes `name` (with the punctuation before the value) and `value` as compact JSON.
+fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, name: &str, value: &T) -> Result<()> {
+    out.extend_from_slice(name.as_bytes());
+    serde_json::to_writer(out, value).map_err(Error::internal)
 }
 
 /// Checks that a record is a valid new PROJECTING record.
 pub fn check_projecting(r: &Record) -> Result<()> {
     let ok = r.status == Status::Projecting
         && r.evidence_status.is_none()
-        && r.agent_result.is_null()
+        && !has_result(r)
         && r.error_code.is_none();
     if ok {
         Ok(())
@@ -150,6 +193,11 @@ pub fn check_projecting(r: &Record) -> Result<()> {
     }
 }
 
+/// Whether a record carries an agent result, as a tree or as text.
+fn has_result(r: &Record) -> bool {
+    !r.agent_result.is_null() || r.agent_json.is_some()
+}
+
 /// Checks the shape of a final record: READY has evidence and a result; ERROR has a code,
 /// `evidence_status: ERROR` and no agent result.
 pub fn check_final(r: &Record) -> Result<()> {
@@ -157,12 +205,10 @@ pub fn check_final(r: &Record) -> Result<()> {
         Status::Ready => {
             matches!(r.evidence_status, Some(Evidence::Found | Evidence::None))
                 && r.error_code.is_none()
-                && !r.agent_result.is_null()
+                && has_result(r)
         }
         Status::Error => {
-            r.evidence_status == Some(Evidence::Error)
-                && r.agent_result.is_null()
-                && r.error_code.is_some()
+            r.evidence_status == Some(Evidence::Error) && !has_result(r) && r.error_code.is_some()
         }
         Status::Projecting => false,
     };
@@ -198,7 +244,7 @@ impl PreparedFinal {
     pub fn new(record: &Record, record_bytes: u64) -> Result<PreparedFinal> {
         check_final(record)?;
         let full = record.to_json()?;
-        let stripped = record.too_large().to_json()?;
+        let stripped = record.write_json(true)?;
         let (body, replaced) = if full.len() as u64 > record_bytes {
             (stripped.clone(), Some(SizeStage::Record))
         } else {
@@ -310,6 +356,38 @@ mod tests {
         .to_json()
         .unwrap();
         assert!(s.starts_with(r#"{"schema":1,"run_id":"r","tool_call_id":"c","tool":"t","status":"PROJECTING","evidence_status":null,"request":{"b":1,"a":"é"},"agent_input":null,"raw_response":null"#), "{s}");
+    }
+
+    #[test]
+    fn written_json_is_the_derived_serialization() {
+        let text = r#"{ "results" : [ {"t": "é\u00e9\"\/", "n": 1.50, "big": 18446744073709551616}, null ] }"#;
+        let mut r = ready("r", "c");
+        r.raw_response = serde_json::from_str(text).unwrap();
+        r.agent_input = json!({"q": "\u{1}é"});
+        r.upstream_status = Some(200);
+        r.duration_ms = Some(3);
+        assert_eq!(r.to_json().unwrap(), serde_json::to_string(&r).unwrap());
+
+        let spliced = Record {
+            raw_json: Some(crate::compact::compact(text.as_bytes()).unwrap().json),
+            agent_json: Some(serde_json::to_string(&r.agent_result).unwrap()),
+            agent_result: Value::Null,
+            ..r.clone()
+        };
+        assert!(check_final(&spliced).is_ok());
+        assert_eq!(spliced.to_json().unwrap(), r.to_json().unwrap());
+
+        let stripped = Record {
+            status: Status::Error,
+            evidence_status: Some(Evidence::Error),
+            raw_response: Value::Null,
+            agent_result: Value::Null,
+            error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
+            ..r.clone()
+        };
+        let want = serde_json::to_string(&stripped).unwrap();
+        assert_eq!(r.write_json(true).unwrap(), want);
+        assert_eq!(spliced.write_json(true).unwrap(), want);
     }
 
     #[test]
