@@ -114,7 +114,7 @@ impl Encoder {
             let mut done: Vec<&InstrumentationScope> = Vec::new();
             for (i, first) in spans.iter().enumerate() {
                 let scope = &first.instrumentation_scope;
-                if done.contains(&scope) {
+                if done.iter().any(|d| same_scope(d, scope)) {
                     continue;
                 }
                 done.push(scope);
@@ -127,7 +127,7 @@ impl Encoder {
                         }
                     });
                     for span in &spans[i..] {
-                        if span.instrumentation_scope == *scope {
+                        if same_scope(&span.instrumentation_scope, scope) {
                             message(out, SCOPE_SPANS_SPANS, |out| self::span(out, span));
                         }
                     }
@@ -143,6 +143,20 @@ impl Encoder {
             }
         });
     }
+}
+
+/// Whether two spans have the same scope. The spans of one tracer share its scope's texts, so
+/// texts at the same address settle it without comparing them.
+fn same_scope(a: &InstrumentationScope, b: &InstrumentationScope) -> bool {
+    fn at(s: Option<&str>) -> Option<(*const u8, usize)> {
+        s.map(|s| (s.as_ptr(), s.len()))
+    }
+    let shared = at(Some(a.name())) == at(Some(b.name()))
+        && at(a.version()) == at(b.version())
+        && at(a.schema_url()) == at(b.schema_url())
+        && a.attributes().next().is_none()
+        && b.attributes().next().is_none();
+    shared || a == b
 }
 
 fn span(out: &mut Vec<u8>, span: &SpanData) {
@@ -590,7 +604,13 @@ mod tests {
             .with_attribute(KeyValue::new("service.version", "0.1.0"))
             .with_attribute(KeyValue::new("deployment.region", "eu-west-1"))
             .build();
-        let spans = varied(&scope, &other);
+        let mut spans = varied(&scope, &other);
+        // The same scope with texts of its own: grouped with the first.
+        let copy = InstrumentationScope::builder(String::from("toolgate"))
+            .with_version(String::from("0.1.0"))
+            .build();
+        spans.push(span(1000, &copy));
+        spans.insert(3, span(1001, &copy));
         let (ours, reference) = both(&resource, &spans);
         assert_eq!(ours.resource_spans[0].scope_spans.len(), 2);
         assert_eq!(ours, reference);
