@@ -132,20 +132,9 @@ impl Sidecar {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Reply {
-        let mut req = Request::builder().method(method).uri(url);
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(body.into())).expect("request");
-        let resp = self.http.request(req).await.expect("sidecar answered");
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-        let raw = String::from_utf8_lossy(&bytes).to_string();
-        let body = serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(raw.clone()));
-        Reply { status, body, raw }
+        self.send_with_headers(method, url, token, headers, body)
+            .await
+            .0
     }
 
     /// [`Self::send`], also returning the response headers.
