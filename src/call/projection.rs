@@ -88,7 +88,7 @@ impl Projection {
                     if i > 0 {
                         out.push(',');
                     }
-                    keep_fields_text(&mut out, keys.as_deref(), item)?;
+                    keep_fields_text(&mut out, keys, item)?;
                 }
                 out.push_str("],\"total_items\":");
                 out.push_str(&items.len().to_string());
@@ -96,7 +96,7 @@ impl Projection {
             }
             _ => {
                 out.push_str("{\"item\":");
-                keep_fields_text(&mut out, keys.as_deref(), selected)?;
+                keep_fields_text(&mut out, keys, selected)?;
                 out.push('}');
             }
         }
