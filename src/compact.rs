@@ -193,12 +193,14 @@ impl Writer<'_> {
         self.pos += 1;
         self.out.push(b'"');
         loop {
-            // Copy the run of bytes that need nothing done.
-            let run = self.input[self.pos..]
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-            self.out
-                .extend_from_slice(&self.input[self.pos..self.pos + run]);
+            // Copy the run of bytes that need nothing done: up to the next quote or backslash
+            // (memchr), which must hold no raw control character (serde_json refuses one).
+            let rest = &self.input[self.pos..];
+            let run = memchr::memchr2(b'"', b'\\', rest)?;
+            if has_control(&rest[..run]) {
+                return None;
+            }
+            self.out.extend_from_slice(&rest[..run]);
             self.pos += run;
             match self.next()? {
                 b'"' => {
@@ -206,7 +208,6 @@ impl Writer<'_> {
                     return Some(());
                 }
                 b'\\' => self.escape()?,
-                // A raw control character: serde_json refuses it.
                 _ => return None,
             }
         }
@@ -341,6 +342,12 @@ impl Writer<'_> {
             _ => None,
         }
     }
+}
+
+/// Whether `bytes` holds a control character (below 0x20). Folded without an early exit, so
+/// the loop is vectorized.
+fn has_control(bytes: &[u8]) -> bool {
+    bytes.iter().fold(false, |seen, &b| seen | (b < 0x20))
 }
 
 /// The end of the value that starts at `at` in a compact text (one [`compact`] wrote).
