@@ -28,8 +28,13 @@ may fail with STORE_UNAVAILABLE and nothing else, and no acknowledged record may
 toolgate's RSS (/proc/PID/status) is sampled about four times a second, with jitter: from the
 warm-up level (the mean over the last 15 s, or 5 % of the time if longer, of the warm-up, which is
 the first 20 % of the time and at least 30 s) to the end level (the mean over as long at the end
-of the load) it may grow by at most 5 %. A mean, because a run's end materializes its records and
-makes the RSS saw by a few MiB.
+of the load) it may grow by at most 5 % in a soak of 10 minutes or more, and by at most 15 % in a
+shorter one. A mean, because a run's end materializes its records and makes the RSS saw by a few
+MiB. The limits differ because the RSS also wanders over minutes with no trend: in 4-minute runs
+the means of 15-60 s windows after warm-up spread over 3-14 % (standard deviation 1-4 %), so two
+short windows differ by more than 5 % in about one run of ten without any leak, while 30-minute
+runs (90 s windows) stay within about 1 %. The short check still catches a leak of a few hundred
+bytes per call; the 5 % verdict belongs to the long soak.
 
 Prints one summary per store; exit status 0 when every check held, 1 when one failed, 2 when the
 harness itself could not run. Standard library only.
@@ -58,6 +63,13 @@ from ports import free_ports  # noqa: E402  (the scripts' one port helper)
 
 RAW_MARKER = "RAW-SECRET-MARKER-7f3a"  # tests/support/fake_tool.rs: never in an agent's answer
 MIB = 1024 * 1024
+# RSS growth allowed after warm-up, in %: see the module docstring for why a short soak gets more.
+RSS_LIMIT_LONG, RSS_LIMIT_SHORT, LONG_SOAK_S = 5.0, 15.0, 600
+
+
+def rss_growth_limit(seconds):
+    return RSS_LIMIT_LONG if seconds >= LONG_SOAK_S else RSS_LIMIT_SHORT
+
 
 # The HTTP status of each code this soak can meet (docs/api.md, error codes).
 HTTP_STATUS = {
@@ -1100,9 +1112,12 @@ tools:
             line("RSS: not enough samples", False)
         else:
             floor = (r["end_floor"] - r["warm_floor"]) / r["warm_floor"] * 100
+            limit = rss_growth_limit(self.seconds)
             line(f"RSS: warm-up {warm:.1f} MiB (mean of {self.warmup - r['span']:.0f}-{self.warmup:.0f} s), "
                  f"end {end:.1f} MiB (mean of the last {r['span']:.0f} s), growth {growth:+.2f} % "
-                 f"(limit 5 %)", growth <= 5.0)
+                 f"(limit {limit:g} %" + ("" if limit == RSS_LIMIT_LONG else
+                                          f", {RSS_LIMIT_LONG:g} % from {LONG_SOAK_S // 60} min") + ")",
+                 growth <= limit)
             line(f"     floor {r['warm_floor']:.1f} -> {r['end_floor']:.1f} MiB ({floor:+.2f} %), peak "
                  f"{r['peak']:.1f} MiB, trend after warm-up {r['slope']:+.1f} MiB/h, "
                  f"{len(self.rss)} samples about every {self.args.sample_s:g} s")

@@ -222,7 +222,7 @@ async fn admit(
     span.identified(
         &identified.run_id,
         &identified.tool_call_id,
-        &identified.tool.name,
+        &identified.tool,
     );
     let incoming = &*incoming;
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {

@@ -6,12 +6,13 @@
 //! No input, argument, result or raw response is ever put on a span. With tracing off every
 //! value here is empty and each hook is one branch.
 
+use std::borrow::Cow;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hyper::header::HeaderValue;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 
 use super::preflight::{Form, Incoming, Rejection};
@@ -77,11 +78,12 @@ impl CallSpan {
     }
 
     /// The call passed authentication: its run, id and (configured) tool are known.
-    pub fn identified(&mut self, run_id: &str, tool_call_id: &str, tool: &str) {
+    pub fn identified(&mut self, run_id: &str, tool_call_id: &str, tool: &Tool) {
         let Some(live) = &mut self.0 else {
             return;
         };
-        live.identify(Some(run_id), Some(tool_call_id), Some(tool));
+        let named = (tool.spans.call_name.clone(), tool.spans.tool_name.clone());
+        live.identify(Some(run_id), Some(tool_call_id), Some(named));
     }
 
     /// Ends the span of a call refused before it reached the tool.
@@ -89,7 +91,13 @@ impl CallSpan {
         let Some(mut live) = self.0 else {
             return;
         };
-        live.identify(None, r.tool_call_id.as_deref(), r.tool.as_deref());
+        let named = r.tool.as_deref().map(|tool| {
+            (
+                format!("execute_tool {tool}"),
+                Value::from(tool.to_string()),
+            )
+        });
+        live.identify(None, r.tool_call_id.as_deref(), named);
         let span = live.cx.span();
         span.set_attribute(KeyValue::new("toolgate.status", "ERROR"));
         failed(&span, &r.error);
@@ -160,65 +168,115 @@ impl CallSpan {
         let Some(live) = &self.0 else {
             return UpstreamSpan(None);
         };
-        let uri = &tool.upstream;
-        let host = uri.host().unwrap_or_default().to_string();
-        let https = uri.scheme_str() == Some("https");
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        // Without user info or query: only the address of the tool is kept.
-        let url = format!(
-            "{}://{}{}",
-            uri.scheme_str().unwrap_or("http"),
-            uri.authority().map_or(host.as_str(), |a| a
-                .as_str()
-                .rsplit('@')
-                .next()
-                .unwrap_or("")),
-            uri.path()
+        let spans = &tool.spans;
+        let span = live.child(
+            spans.upstream_name.clone(),
+            SpanKind::Client,
+            spans.upstream_attributes.clone(),
         );
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("server.address", host),
-            KeyValue::new("server.port", i64::from(port)),
-            KeyValue::new("url.full", url),
-        ];
-        let name = match &tool.protocol {
-            Protocol::Http => "POST".to_string(),
-            Protocol::Mcp { remote_name } => {
-                attributes.extend([
-                    KeyValue::new("mcp.method.name", "tools/call"),
-                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
-                    KeyValue::new("gen_ai.tool.name", remote_name.clone()),
-                    KeyValue::new("network.transport", "tcp"),
-                ]);
-                format!("tools/call {remote_name}")
-            }
-        };
-        let span = live.child(name, SpanKind::Client, attributes);
         let sc = span.span_context();
-        let traceparent = format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
+        let traceparent = traceparent(
+            &sc.trace_id().to_bytes(),
+            &sc.span_id().to_bytes(),
+            sc.trace_flags().to_u8(),
         );
         UpstreamSpan(Some(Box::new(UpstreamLive {
-            traceparent: HeaderValue::from_str(&traceparent).ok(),
+            traceparent: HeaderValue::from_bytes(&traceparent).ok(),
             span: Mutex::new(span),
             mcp: Mutex::new(None),
         })))
     }
 }
 
+/// The W3C `traceparent` of a span: `00-{trace id}-{span id}-{flags}` in lowercase hex.
+fn traceparent(trace_id: &[u8; 16], span_id: &[u8; 8], flags: u8) -> [u8; 55] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [b'-'; 55];
+    out[0] = b'0';
+    out[1] = b'0';
+    let digits = trace_id
+        .iter()
+        .chain(span_id)
+        .chain(std::iter::once(&flags));
+    // Positions of the hex digits: 3..35 (trace id), 36..52 (span id), 53..55 (flags).
+    let at = (3..35).step_by(2).chain((36..52).step_by(2)).chain([53]);
+    for (byte, i) in digits.zip(at) {
+        out[i] = HEX[usize::from(byte >> 4)];
+        out[i + 1] = HEX[usize::from(byte & 0xf)];
+    }
+    out
+}
+
+/// The names and attributes of a tool's spans that are the same for every call, made once when
+/// the tool is configured: a call clones them (a reference count for each text) instead of
+/// formatting them again.
+pub struct ToolSpans {
+    /// `execute_tool {tool}`, the call span's name once the tool is known.
+    call_name: String,
+    /// `gen_ai.tool.name` of the call span.
+    tool_name: Value,
+    /// The upstream span's name: `POST`, or `tools/call {remote name}` for MCP.
+    upstream_name: Cow<'static, str>,
+    /// The upstream span's attributes known before the request is sent.
+    upstream_attributes: Vec<KeyValue>,
+}
+
+impl ToolSpans {
+    pub fn new(tool: &str, uri: &hyper::Uri, protocol: &Protocol) -> ToolSpans {
+        let host = uri.host().unwrap_or_default();
+        let https = uri.scheme_str() == Some("https");
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        // Without user info or query: only the address of the tool is kept.
+        let url = format!(
+            "{}://{}{}",
+            uri.scheme_str().unwrap_or("http"),
+            uri.authority()
+                .map_or(host, |a| a.as_str().rsplit('@').next().unwrap_or("")),
+            uri.path()
+        );
+        let mut upstream_attributes = vec![
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("server.address", Arc::<str>::from(host)),
+            KeyValue::new("server.port", i64::from(port)),
+            KeyValue::new("url.full", Arc::<str>::from(url)),
+        ];
+        let upstream_name = match protocol {
+            Protocol::Http => Cow::Borrowed("POST"),
+            Protocol::Mcp { remote_name } => {
+                upstream_attributes.extend([
+                    KeyValue::new("mcp.method.name", "tools/call"),
+                    KeyValue::new("gen_ai.operation.name", "execute_tool"),
+                    KeyValue::new("gen_ai.tool.name", Arc::<str>::from(remote_name.as_str())),
+                    KeyValue::new("network.transport", "tcp"),
+                ]);
+                Cow::Owned(format!("tools/call {remote_name}"))
+            }
+        };
+        ToolSpans {
+            call_name: format!("execute_tool {tool}"),
+            tool_name: Value::from(Arc::<str>::from(tool)),
+            upstream_name,
+            upstream_attributes,
+        }
+    }
+}
+
 impl Live {
-    fn identify(&mut self, run_id: Option<&str>, tool_call_id: Option<&str>, tool: Option<&str>) {
+    /// `tool`: the span's name with the tool, and the tool's name.
+    fn identify(
+        &mut self,
+        run_id: Option<&str>,
+        tool_call_id: Option<&str>,
+        tool: Option<(String, Value)>,
+    ) {
         if self.identified {
             return;
         }
         self.identified = true;
         let span = self.cx.span();
-        if let Some(tool) = tool {
-            span.update_name(format!("execute_tool {tool}"));
-            span.set_attribute(KeyValue::new("gen_ai.tool.name", tool.to_string()));
+        if let Some((name, tool)) = tool {
+            span.update_name(name);
+            span.set_attribute(KeyValue::new("gen_ai.tool.name", tool));
         }
         if let Some(id) = tool_call_id {
             span.set_attribute(KeyValue::new("gen_ai.tool.call.id", id.to_string()));
@@ -300,13 +358,13 @@ impl UpstreamSpan {
                 i64::from(status),
             ));
         }
-        let error_type = match answered {
-            Err(_) => Some("timeout".to_string()),
-            Ok(Err(UpstreamError::Unreachable(_))) => Some("unreachable".to_string()),
-            Ok(Err(UpstreamError::Body(_))) => Some("body_read".to_string()),
-            Ok(Err(UpstreamError::TooLarge { .. })) => Some("result_too_large".to_string()),
-            Ok(Ok(reply)) if reply.status >= 400 => Some(reply.status.to_string()),
-            Ok(Ok(Reply { raw: Err(_), .. })) => Some("tool_error".to_string()),
+        let error_type: Option<Value> = match answered {
+            Err(_) => Some("timeout".into()),
+            Ok(Err(UpstreamError::Unreachable(_))) => Some("unreachable".into()),
+            Ok(Err(UpstreamError::Body(_))) => Some("body_read".into()),
+            Ok(Err(UpstreamError::TooLarge { .. })) => Some("result_too_large".into()),
+            Ok(Ok(reply)) if reply.status >= 400 => Some(reply.status.to_string().into()),
+            Ok(Ok(Reply { raw: Err(_), .. })) => Some("tool_error".into()),
             Ok(Ok(_)) => None,
         };
         if let Some(error_type) = error_type {
@@ -314,5 +372,71 @@ impl UpstreamSpan {
             span.set_status(Status::error("the tool call failed"));
         }
         span.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{SpanId, TraceId};
+
+    use super::*;
+
+    #[test]
+    fn trace_the_traceparent_is_the_w3c_form_of_the_span_context() {
+        for (trace, span, flags) in [
+            (
+                0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736u128,
+                0x00f0_67aa_0ba9_02b7u64,
+                1u8,
+            ),
+            (1, 1, 0),
+            (u128::MAX, u64::MAX, 0xff),
+        ] {
+            let (trace, span) = (TraceId::from(trace), SpanId::from(span));
+            let made = traceparent(&trace.to_bytes(), &span.to_bytes(), flags);
+            assert_eq!(
+                std::str::from_utf8(&made).unwrap(),
+                format!("00-{trace}-{span}-{flags:02x}")
+            );
+        }
+    }
+
+    #[test]
+    fn trace_a_tools_upstream_attributes_carry_its_address_only() {
+        let uri: hyper::Uri = "https://user:secret@tools.example/v1/call?key=secret"
+            .parse()
+            .unwrap();
+        let spans = ToolSpans::new("read_file", &uri, &Protocol::Http);
+        let attribute = |key: &str| {
+            spans
+                .upstream_attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(
+            attribute("server.address").as_deref(),
+            Some("tools.example")
+        );
+        assert_eq!(attribute("server.port").as_deref(), Some("443"));
+        assert_eq!(
+            attribute("url.full").as_deref(),
+            Some("https://tools.example/v1/call")
+        );
+        assert_eq!(spans.upstream_name, "POST");
+        assert_eq!(spans.call_name, "execute_tool read_file");
+        let mcp = ToolSpans::new(
+            "search",
+            &"http://127.0.0.1:9000/mcp".parse().unwrap(),
+            &Protocol::Mcp {
+                remote_name: "web_search".to_string(),
+            },
+        );
+        assert_eq!(mcp.upstream_name, "tools/call web_search");
+        assert!(
+            mcp.upstream_attributes
+                .iter()
+                .any(|kv| kv.key.as_str() == "server.port" && kv.value == Value::I64(9000))
+        );
     }
 }

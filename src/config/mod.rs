@@ -461,6 +461,8 @@ pub struct Tool {
     /// Absolute, normalized roots a path may also be in, besides the run's workspace.
     pub read_roots: Vec<String>,
     pub network: Network,
+    /// The names and attributes of this tool's spans that every call shares.
+    pub spans: crate::call::trace::ToolSpans,
 }
 
 impl std::fmt::Debug for Tool {
@@ -1014,6 +1016,7 @@ impl RawTool {
             None => None,
             Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
         };
+        let spans = crate::call::trace::ToolSpans::new(name.as_ref(), &upstream, &protocol);
         Ok(Tool {
             limits: self.limits.resolve(&key("limits"), base)?,
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
@@ -1034,6 +1037,7 @@ impl RawTool {
             params,
             read_roots,
             network,
+            spans,
         })
     }
 }

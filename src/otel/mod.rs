@@ -1,7 +1,8 @@
 //! The OpenTelemetry pipeline: a tracer whose finished spans go through a bounded queue to one
-//! background task that exports them in batches as OTLP/HTTP protobuf. Nothing on the call path
-//! waits for it: when the queue is full a finished span is dropped and counted, and a batch the
-//! collector refuses or does not answer in time is dropped and counted too.
+//! background task that exports them in batches as OTLP/HTTP protobuf ([`encode`] writes the
+//! requests). Nothing on the call path waits for it: when the queue is full a finished span is
+//! dropped and counted, and a batch the collector refuses or does not answer in time is dropped
+//! and counted too.
 //!
 //! The spans themselves are made by `call::trace`; their names and attributes are listed in
 //! `docs/tracing.md`. Without an `otel` config key there is no [`Tracing`] at all.
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::{Request, Response};
+use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, USER_AGENT};
+use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,19 +21,19 @@ use hyper_util::rt::TokioExecutor;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::{Context, InstrumentationScope, KeyValue};
-use opentelemetry_http::{HttpClient, HttpError};
-use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanExporter as _, SpanProcessor,
+    Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
 use tokio::sync::{mpsc, watch};
 
 use crate::body::read_capped;
 use crate::config::OtelConfig;
 use crate::metrics::{Metrics, SpanDrop};
+
+pub mod encode;
 
 /// The most spans one export request carries.
 const MAX_BATCH: usize = 512;
@@ -58,29 +60,23 @@ impl Tracing {
         connector: HttpsConnector<HttpConnector>,
         metrics: Arc<Metrics>,
     ) -> Result<Tracing, String> {
-        let client = Http {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
-            timeout: config.timeout,
-        };
-        // No retries: a failed batch is dropped and counted, so a collector that is down costs
-        // one attempt per batch and the queue keeps moving.
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client)
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(config.traces_url.to_string())
-            .with_timeout(config.timeout)
-            .with_headers(config.headers.iter().cloned().collect())
-            .with_retry_policy(RetryPolicy::disabled())
-            .build()
-            .map_err(|e| format!("OTLP exporter: {e}"))?;
         let resource = Resource::builder()
             .with_service_name(config.service_name.clone())
             .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
             .build();
-        exporter.set_resource(&resource);
+        let env_headers = std::env::var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+            .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_HEADERS"))
+            .ok();
+        // No retries: a failed batch is dropped and counted, so a collector that is down costs
+        // one attempt per batch and the queue keeps moving.
+        let exporter = Exporter {
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+            url: config.traces_url.clone(),
+            headers: export_headers(&config.headers, env_headers.as_deref()),
+            encoder: encode::Encoder::new(&resource),
+        };
         let (queue, spans) = mpsc::channel(config.max_queue_spans);
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(export(
@@ -135,28 +131,98 @@ impl Tracing {
     }
 }
 
-/// The exporter's HTTP client: http/1 on the tool-service connector, so no second TLS stack
-/// or HTTP client is built into toolgate for it.
-#[derive(Debug)]
-struct Http {
+/// The exporter: http/1 on the tool-service connector, so no second TLS stack or HTTP client is
+/// built into toolgate for it.
+struct Exporter {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    timeout: Duration,
+    url: Uri,
+    /// Every header of an export request, content type included.
+    headers: HeaderMap,
+    encoder: encode::Encoder,
 }
 
-#[async_trait::async_trait]
-impl HttpClient for Http {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let (parts, body) = request.into_parts();
-        let request = Request::from_parts(parts, Full::new(body));
-        let response = tokio::time::timeout(self.timeout, self.client.request(request))
+impl Exporter {
+    /// One export request with `spans`; `Err` says why the collector did not accept it.
+    async fn export(&self, spans: &[SpanData]) -> Result<(), String> {
+        let mut body = Vec::with_capacity(256 * spans.len());
+        self.encoder.request(spans, &mut body);
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.url.clone();
+        *request.headers_mut() = self.headers.clone();
+        let response = self
+            .client
+            .request(request)
             .await
-            .map_err(|_| "the collector did not answer in time")??;
-        let (parts, body) = response.into_parts();
-        let body = read_capped(body, MAX_ANSWER_BYTES)
+            .map_err(|e| format!("HTTP export failed: {e}"))?;
+        let status = response.status();
+        // A collector's answer is read (within a bound) so the connection can be used again.
+        read_capped(response.into_body(), MAX_ANSWER_BYTES)
             .await
-            .map_err(|_| "the collector's answer could not be read")?;
-        Ok(Response::from_parts(parts, body))
+            .map_err(|_| "the collector's answer could not be read".to_string())?;
+        if !status.is_success() {
+            return Err(format!(
+                "HTTP export failed with status code: {}",
+                status.as_u16()
+            ));
+        }
+        Ok(())
     }
+}
+
+/// The headers of every export request: the protobuf content type, toolgate's user agent, the
+/// headers of `otel.headers_file`, then those of `OTEL_EXPORTER_OTLP_TRACES_HEADERS` (else
+/// `OTEL_EXPORTER_OTLP_HEADERS`), a later one replacing an earlier one of the same name. Values
+/// are percent-decoded when they decode to UTF-8; a header that is not a valid name and value is
+/// left out.
+fn export_headers(file: &[(String, String)], env: Option<&str>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-protobuf"),
+    );
+    headers.insert(
+        USER_AGENT,
+        HeaderValue::from_static(concat!("toolgate/", env!("CARGO_PKG_VERSION"))),
+    );
+    let from_env = env.into_iter().flat_map(|list| {
+        list.split_terminator(',').filter_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            let (name, value) = (name.trim(), value.trim());
+            let value = percent_decoded(value).unwrap_or_else(|| value.to_string());
+            (!name.is_empty() && !value.is_empty()).then(|| (name.to_string(), value))
+        })
+    });
+    let from_file = file.iter().map(|(name, value)| {
+        let value = percent_decoded(value).unwrap_or_else(|| value.clone());
+        (name.clone(), value)
+    });
+    for (name, value) in from_file.chain(from_env) {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    headers
+}
+
+/// `value` with each `%XX` replaced by its byte; `None` when a `%` is not followed by two hex
+/// digits or the result is not UTF-8.
+fn percent_decoded(value: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(value.len());
+    let mut bytes = value.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hi = char::from(bytes.next()?).to_digit(16)?;
+            let lo = char::from(bytes.next()?).to_digit(16)?;
+            out.push((hi * 16 + lo) as u8);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// A request's `traceparent` and `tracestate`, for the W3C propagator.
@@ -221,7 +287,7 @@ impl SpanProcessor for Queue {
 async fn export(
     mut spans: mpsc::Receiver<SpanData>,
     mut stopped: watch::Receiver<bool>,
-    exporter: opentelemetry_otlp::SpanExporter,
+    exporter: Exporter,
     metrics: Arc<Metrics>,
     timeout: Duration,
 ) {
@@ -265,7 +331,7 @@ async fn export(
 
 /// One export request with the spans of `batch`, which it leaves empty.
 async fn send(
-    exporter: &opentelemetry_otlp::SpanExporter,
+    exporter: &Exporter,
     batch: &mut Vec<SpanData>,
     metrics: &Metrics,
     timeout: Duration,
@@ -274,12 +340,12 @@ async fn send(
         return;
     }
     let n = batch.len() as u64;
-    let sent = std::mem::replace(batch, Vec::with_capacity(MAX_BATCH));
-    let failed = match tokio::time::timeout(timeout, exporter.export(sent)).await {
+    let failed = match tokio::time::timeout(timeout, exporter.export(batch)).await {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Err(e)) => Some(e),
         Err(_) => Some("timed out".to_string()),
     };
+    batch.clear();
     match failed {
         None => metrics.spans_exported(n),
         Some(why) => {
@@ -344,6 +410,30 @@ mod tests {
             text.contains(r#"toolgate_otel_spans_dropped_total{reason="queue_full"} 7"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn otel_export_headers_take_the_file_then_the_environment() {
+        let file = [
+            ("Authorization".to_string(), "Bearer a%20b".to_string()),
+            ("x-tenant".to_string(), "from-file".to_string()),
+            ("x-raw".to_string(), "100%".to_string()),
+            ("bad name".to_string(), "dropped".to_string()),
+        ];
+        let headers = export_headers(&file, Some(" X-Tenant = from%2Denv ,empty=, =x,x-new=1"));
+        let get = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(
+            get("content-type").as_deref(),
+            Some("application/x-protobuf")
+        );
+        assert_eq!(get("authorization").as_deref(), Some("Bearer a b"));
+        assert_eq!(get("x-tenant").as_deref(), Some("from-env"));
+        assert_eq!(get("x-raw").as_deref(), Some("100%"));
+        assert_eq!(get("x-new").as_deref(), Some("1"));
+        assert!(get("empty").is_none());
+        assert_eq!(headers.len(), 6, "{headers:?}");
+        assert!(get("user-agent").unwrap().starts_with("toolgate/"));
+        assert_eq!(export_headers(&[], None).len(), 2);
     }
 
     #[test]
