@@ -322,7 +322,7 @@ async fn export(mut from: Export, exporter: Exporter, metrics: Arc<Metrics>, tim
                 () = from.full.notified() => {}
                 _ = from.stopped.changed() => {}
             }
-            take_queued(&mut from.spans, &mut batch);
+            take_queued(&mut from.spans, &mut batch).await;
         }
         send(&exporter, &mut batch, &metrics, timeout).await;
         if *from.stopped.borrow() {
@@ -330,7 +330,7 @@ async fn export(mut from: Export, exporter: Exporter, metrics: Arc<Metrics>, tim
         }
     }
     loop {
-        take_queued(&mut from.spans, &mut batch);
+        take_queued(&mut from.spans, &mut batch).await;
         if batch.is_empty() {
             return;
         }
@@ -338,13 +338,13 @@ async fn export(mut from: Export, exporter: Exporter, metrics: Arc<Metrics>, tim
     }
 }
 
-/// Moves queued spans into `batch` until it holds [`MAX_BATCH`] or the queue is empty.
-fn take_queued(spans: &mut mpsc::Receiver<SpanData>, batch: &mut Vec<SpanData>) {
-    while batch.len() < MAX_BATCH {
-        match spans.try_recv() {
-            Ok(span) => batch.push(span),
-            Err(_) => break,
-        }
+/// Moves queued spans into `batch` until it holds [`MAX_BATCH`] or the queue is empty, without
+/// waiting: this task is the queue's only reader, so spans it sees queued are there to take, and
+/// they are taken in one go.
+async fn take_queued(spans: &mut mpsc::Receiver<SpanData>, batch: &mut Vec<SpanData>) {
+    let room = MAX_BATCH.saturating_sub(batch.len());
+    if room > 0 && !spans.is_empty() {
+        spans.recv_many(batch, room).await;
     }
 }
 
