@@ -57,18 +57,38 @@ pub fn now_ms() -> u64 {
     since.as_millis() as u64
 }
 
-/// Formats epoch milliseconds as `2026-11-29T22:03:04.123Z`.
+/// Formats epoch milliseconds as `2026-11-29T22:03:04.123Z`. Every record is stamped with it,
+/// so the digits are written into a fixed template rather than through `format!`.
 pub fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        ms % 1000
-    )
+    if !(0..=9999).contains(&y) {
+        return format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+            rem / 3600,
+            rem / 60 % 60,
+            rem % 60,
+            ms % 1000
+        );
+    }
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    digits(&mut out[0..4], y as u64);
+    digits(&mut out[5..7], u64::from(m));
+    digits(&mut out[8..10], u64::from(d));
+    digits(&mut out[11..13], rem / 3600);
+    digits(&mut out[14..16], rem / 60 % 60);
+    digits(&mut out[17..19], rem % 60);
+    digits(&mut out[20..23], ms % 1000);
+    out.iter().map(|&b| char::from(b)).collect()
+}
+
+/// Writes `v` as exactly `out.len()` decimal digits, zero-padded.
+fn digits(out: &mut [u8], mut v: u64) {
+    for c in out.iter_mut().rev() {
+        *c = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
 }
 
 /// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
@@ -95,6 +115,29 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_007), "2000-02-29T00:00:00.007Z");
         assert_eq!(rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_template_writes_what_format_would(ms in 0u64..=253_402_300_799_999) {
+            let secs = ms / 1000;
+            let (days, rem) = (secs / 86_400, secs % 86_400);
+            let (y, m, d) = civil_from_days(days as i64);
+            let expected = format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                rem / 3600,
+                rem / 60 % 60,
+                rem % 60,
+                ms % 1000
+            );
+            proptest::prop_assert_eq!(rfc3339(ms), expected);
+        }
+    }
+
+    #[test]
+    fn past_year_9999_it_still_formats() {
+        assert_eq!(rfc3339(253_402_300_800_000), "10000-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
     }
 
     #[tokio::test(start_paused = true)]

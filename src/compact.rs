@@ -193,12 +193,14 @@ impl Writer<'_> {
         self.pos += 1;
         self.out.push(b'"');
         loop {
-            // Copy the run of bytes that need nothing done.
-            let run = self.input[self.pos..]
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-            self.out
-                .extend_from_slice(&self.input[self.pos..self.pos + run]);
+            // Copy the run of bytes that need nothing done: up to the next quote or backslash
+            // (memchr), which must hold no raw control character (serde_json refuses one).
+            let rest = &self.input[self.pos..];
+            let run = memchr::memchr2(b'"', b'\\', rest)?;
+            if has_control(&rest[..run]) {
+                return None;
+            }
+            self.out.extend_from_slice(&rest[..run]);
             self.pos += run;
             match self.next()? {
                 b'"' => {
@@ -206,7 +208,6 @@ impl Writer<'_> {
                     return Some(());
                 }
                 b'\\' => self.escape()?,
-                // A raw control character: serde_json refuses it.
                 _ => return None,
             }
         }
@@ -343,6 +344,12 @@ impl Writer<'_> {
     }
 }
 
+/// Whether `bytes` holds a control character (below 0x20). Folded without an early exit, so
+/// the loop is vectorized.
+fn has_control(bytes: &[u8]) -> bool {
+    bytes.iter().fold(false, |seen, &b| seen | (b < 0x20))
+}
+
 /// The end of the value that starts at `at` in a compact text (one [`compact`] wrote).
 fn value_end(text: &[u8], at: usize) -> usize {
     let mut depth = 0usize;
@@ -351,8 +358,19 @@ fn value_end(text: &[u8], at: usize) -> usize {
         match text[i] {
             b'"' => {
                 i += 1;
-                while i < text.len() && text[i] != b'"' {
-                    i += if text[i] == b'\\' { 2 } else { 1 };
+                // Jump from escape to escape to the closing quote.
+                loop {
+                    match memchr::memchr2(b'"', b'\\', text.get(i..).unwrap_or_default()) {
+                        Some(j) if text[i + j] == b'"' => {
+                            i += j;
+                            break;
+                        }
+                        Some(j) => i += j + 2,
+                        None => {
+                            i = text.len();
+                            break;
+                        }
+                    }
                 }
                 i += 1;
             }
@@ -382,52 +400,97 @@ fn value_end(text: &[u8], at: usize) -> usize {
     i
 }
 
+/// The entries of the array or object that starts `text` (compact), one at a time: each
+/// entry's compact text (for an object, `"key":value`), so a search can stop at the one it wants.
+struct Entries<'a> {
+    text: &'a str,
+    /// Where the next entry starts; `None` once the closing bracket was reached.
+    at: Option<usize>,
+    close: u8,
+}
+
+impl<'a> Entries<'a> {
+    fn new(text: &'a str, open: u8, close: u8) -> Option<Entries<'a>> {
+        let b = text.as_bytes();
+        if b.first() != Some(&open) {
+            return None;
+        }
+        let at = if b.get(1) == Some(&close) {
+            None
+        } else {
+            Some(1)
+        };
+        Some(Entries { text, at, close })
+    }
+
+    /// The next entry: `Some(Some(text))`, `Some(None)` after the last one, `None` when the
+    /// text is not the compact form it should be.
+    fn next_entry(&mut self, object: bool) -> Option<Option<(&'a str, &'a str)>> {
+        let Some(i) = self.at else {
+            return Some(None);
+        };
+        let b = self.text.as_bytes();
+        let (key, start) = if object {
+            let key_end = value_end(b, i);
+            if b.get(key_end) != Some(&b':') {
+                return None;
+            }
+            (self.text.get(i..key_end)?, key_end + 1)
+        } else {
+            ("", i)
+        };
+        let end = value_end(b, start);
+        let value = self.text.get(start..end)?;
+        self.at = match b.get(end) {
+            Some(b',') => Some(end + 1),
+            Some(&c) if c == self.close => None,
+            _ => return None,
+        };
+        Some(Some((key, value)))
+    }
+}
+
 /// The items of the array `text` (compact), each as its compact text.
 pub fn items(text: &str) -> Option<Vec<&str>> {
-    let b = text.as_bytes();
-    if b.first() != Some(&b'[') {
-        return None;
-    }
+    let mut entries = Entries::new(text, b'[', b']')?;
     let mut out = Vec::new();
-    let mut i = 1;
-    if b.get(i) == Some(&b']') {
-        return Some(out);
+    while let Some((_, item)) = entries.next_entry(false)? {
+        out.push(item);
     }
-    loop {
-        let end = value_end(b, i);
-        out.push(text.get(i..end)?);
-        match b.get(end) {
-            Some(b',') => i = end + 1,
-            Some(b']') => return Some(out),
-            _ => return None,
-        }
-    }
+    Some(out)
 }
 
 /// The members of the object `text` (compact): each key as its compact (quoted) text, and
 /// its value's.
 pub fn members(text: &str) -> Option<Vec<(&str, &str)>> {
-    let b = text.as_bytes();
-    if b.first() != Some(&b'{') {
-        return None;
-    }
+    let mut entries = Entries::new(text, b'{', b'}')?;
     let mut out = Vec::new();
-    let mut i = 1;
-    if b.get(i) == Some(&b'}') {
-        return Some(out);
+    while let Some(member) = entries.next_entry(true)? {
+        out.push(member);
     }
+    Some(out)
+}
+
+/// The value of the member `key` of the object `text` (compact), scanning only up to it (a
+/// compact text has no repeated key).
+pub fn member<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    let mut entries = Entries::new(text, b'{', b'}')?;
     loop {
-        let key_end = value_end(b, i);
-        if b.get(key_end) != Some(&b':') {
-            return None;
+        let (k, v) = entries.next_entry(true)??;
+        if is_key(k, key) {
+            return Some(v);
         }
-        let end = value_end(b, key_end + 1);
-        out.push((text.get(i..key_end)?, text.get(key_end + 1..end)?));
-        match b.get(end) {
-            Some(b',') => i = end + 1,
-            Some(b'}') => return Some(out),
-            _ => return None,
-        }
+    }
+}
+
+/// Whether the compact (quoted) key text `quoted` is the key `key`.
+pub fn is_key(quoted: &str, key: &str) -> bool {
+    match quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"')) {
+        // Without an escape the text between the quotes is the key itself.
+        Some(inner) if !inner.contains('\\') => inner == key,
+        // An escaped key: compare it with the wanted one written the same way.
+        Some(_) => serde_json::to_string(key).is_ok_and(|k| k == quoted),
+        None => false,
     }
 }
 
@@ -439,18 +502,23 @@ pub fn pointer<'a>(text: &'a str, pointer: &str) -> Option<&'a str> {
     }
     let mut at = text;
     for token in pointer.strip_prefix('/')?.split('/') {
-        let token = token.replace("~1", "/").replace("~0", "~");
+        let token = if token.contains('~') {
+            std::borrow::Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
+        } else {
+            std::borrow::Cow::Borrowed(token)
+        };
         at = match at.as_bytes().first()? {
-            b'{' => {
-                let key = serde_json::to_string(&token).ok()?;
-                members(at)?.into_iter().find(|(k, _)| *k == key)?.1
-            }
+            b'{' => member(at, &token)?,
             b'[' => {
                 if token.starts_with('+') || (token.starts_with('0') && token.len() != 1) {
                     return None;
                 }
                 let index: usize = token.parse().ok()?;
-                items(at)?.into_iter().nth(index)?
+                let mut entries = Entries::new(at, b'[', b']')?;
+                for _ in 0..index {
+                    entries.next_entry(false)??;
+                }
+                entries.next_entry(false)??.1
             }
             _ => return None,
         };
@@ -651,8 +719,7 @@ mod tests {
 
     #[test]
     fn pointers_resolve_as_serde_json_resolves_them() {
-        let text =
-            r#"{"a":[1,{"b/c":"x\\\"]}","m~n":[[]]},"end"],"":{"":-1.5e-7},"0":true,"n":null}"#;
+        let text = r#"{"a":[1,{"b/c":"x\\\"]}","m~n":[[]]},"end"],"":{"":-1.5e-7},"0":true,"n":null,"q\"k\\":7}"#;
         let value: Value = serde_json::from_str(text).unwrap();
         let c = compact(text.as_bytes()).unwrap().json;
         for p in [
@@ -676,6 +743,8 @@ mod tests {
             "a",
             "/a/1/b/c",
             "/zz",
+            "/q\"k\\",
+            "/q\"k",
         ] {
             let ours = pointer(&c, p).map(|s| serde_json::from_str::<Value>(s).unwrap());
             assert_eq!(ours.as_ref(), value.pointer(p), "{p}");

@@ -10,6 +10,7 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -31,18 +32,21 @@ macro_rules! safe_id {
     };
     ($(#[$doc:meta])* $name:ident, $max:expr, $extra:expr, $reserved:expr) => {
         $(#[$doc])*
+        ///
+        /// Shared, not copied: a call passes its ids to its record, its store keys, its spans
+        /// and its log line, and each of those clones is a reference count.
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// The id, if `s` is a safe one.
             pub fn parse(s: &str) -> Option<$name> {
-                is_safe(s, $max, $extra, $reserved).then(|| $name(s.to_string()))
+                is_safe(s, $max, $extra, $reserved).then(|| $name(Arc::from(s)))
             }
 
             /// Takes an owned string, if it is a safe id.
             pub fn from_string(s: String) -> Option<$name> {
-                is_safe(&s, $max, $extra, $reserved).then_some($name(s))
+                is_safe(&s, $max, $extra, $reserved).then(|| $name(Arc::from(s)))
             }
 
             pub fn as_str(&self) -> &str {
@@ -71,13 +75,13 @@ macro_rules! safe_id {
 
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
-                self.0 == other
+                *self.0 == *other
             }
         }
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
-                self.0 == *other
+                *self.0 == **other
             }
         }
 

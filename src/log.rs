@@ -130,16 +130,40 @@ impl<W: Write> Visit for Fields<'_, W> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.entry(field, |out| escaped(out, &format!("{value:?}")));
+        self.entry(field, |out| {
+            out.write_char('"')?;
+            write!(Escaping(&mut *out), "{value:?}")?;
+            out.write_char('"')
+        });
+    }
+}
+
+/// Escapes what is written through it, for a value formatted straight into the line.
+struct Escaping<'a, W: Write>(&'a mut W);
+
+impl<W: Write> Write for Escaping<'_, W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        escaped_body(self.0, s)
     }
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes it.
 fn escaped(out: &mut impl Write, s: &str) -> fmt::Result {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     out.write_char('"')?;
-    let mut start = 0;
-    for (i, b) in s.bytes().enumerate() {
+    escaped_body(out, s)?;
+    out.write_char('"')
+}
+
+/// `s` escaped as inside a JSON string, without the quotes.
+fn escaped_body(out: &mut impl Write, s: &str) -> fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Most values (ids, names, codes) need no escape: one scan, one write.
+    let Some(first) = s.bytes().position(|b| b < 0x20 || b == b'"' || b == b'\\') else {
+        return out.write_str(s);
+    };
+    out.write_str(&s[..first])?;
+    let mut start = first;
+    for (i, b) in s.bytes().enumerate().skip(first) {
         let short = match b {
             b'"' => "\\\"",
             b'\\' => "\\\\",
@@ -160,8 +184,7 @@ fn escaped(out: &mut impl Write, s: &str) -> fmt::Result {
         }
         start = i + 1;
     }
-    out.write_str(&s[start..])?;
-    out.write_char('"')
+    out.write_str(&s[start..])
 }
 
 #[cfg(test)]
@@ -197,8 +220,8 @@ mod tests {
         let cause = String::from("tool said \"no\"\n\u{1}é\\");
         tracing::info!(
             target: "toolgate::call",
-            run_id = %"run-1",
-            "gen_ai.tool.call.id" = %"call-1",
+            run_id = "run-1",
+            "gen_ai.tool.call.id" = "call-1",
             "gen_ai.tool.name" = %"search",
             status = "READY",
             evidence_status = "EVIDENCE_FOUND",

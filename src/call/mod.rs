@@ -179,9 +179,9 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     let err = result.as_ref().err();
     tracing::info!(
         target: "toolgate::call",
-        run_id = %run_id,
-        "gen_ai.tool.call.id" = %tool_call_id,
-        "gen_ai.tool.name" = %tool.name,
+        run_id = run_id.as_str(),
+        "gen_ai.tool.call.id" = tool_call_id.as_str(),
+        "gen_ai.tool.name" = tool.name.as_str(),
         status = if err.is_some() { "ERROR" } else { "READY" },
         evidence_status = evidence.as_str(),
         code = err.map_or("", |e| e.code.as_str()),

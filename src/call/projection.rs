@@ -73,15 +73,7 @@ impl Projection {
     /// selection is null, empty or unresolved: the tree path decides those.
     pub fn project_text(&self, raw: &str) -> Option<String> {
         let selected = compact::pointer(raw, &self.select)?;
-        let keys: Option<Vec<String>> = match &self.fields {
-            Some(fields) => Some(
-                fields
-                    .iter()
-                    .map(|f| serde_json::to_string(f).ok())
-                    .collect::<Option<_>>()?,
-            ),
-            None => None,
-        };
+        let keys = self.fields.as_deref();
         let mut out = String::with_capacity(selected.len() + 32);
         match selected.as_bytes().first()? {
             b'n' => return None,
@@ -96,7 +88,7 @@ impl Projection {
                     if i > 0 {
                         out.push(',');
                     }
-                    keep_fields_text(&mut out, keys.as_deref(), item)?;
+                    keep_fields_text(&mut out, keys, item)?;
                 }
                 out.push_str("],\"total_items\":");
                 out.push_str(&items.len().to_string());
@@ -104,7 +96,7 @@ impl Projection {
             }
             _ => {
                 out.push_str("{\"item\":");
-                keep_fields_text(&mut out, keys.as_deref(), selected)?;
+                keep_fields_text(&mut out, keys, selected)?;
                 out.push('}');
             }
         }
@@ -172,7 +164,7 @@ fn keep_fields_text(out: &mut String, keys: Option<&[String]>, value: &str) -> O
         if kept.contains(&key.as_str()) {
             continue;
         }
-        if let Some((k, v)) = members.iter().find(|(k, _)| k == key) {
+        if let Some((k, v)) = members.iter().find(|(k, _)| compact::is_key(k, key)) {
             if !kept.is_empty() {
                 out.push(',');
             }

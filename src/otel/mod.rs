@@ -27,7 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     Sampler, SdkTracer, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::body::read_capped;
 use crate::config::OtelConfig;
@@ -79,15 +79,23 @@ impl Tracing {
         };
         let (queue, spans) = mpsc::channel(config.max_queue_spans);
         let (stop, stopped) = watch::channel(false);
+        let full = Arc::new(Notify::new());
         let task = tokio::spawn(export(
-            spans,
-            stopped,
+            Export {
+                spans,
+                full: full.clone(),
+                stopped,
+            },
             exporter,
             metrics.clone(),
             config.timeout,
         ));
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Queue { queue, metrics })
+            .with_span_processor(Queue {
+                queue,
+                full,
+                metrics,
+            })
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
                 config.sample_ratio,
             ))))
@@ -249,6 +257,9 @@ impl Extractor for Carrier<'_> {
 /// the queue is full.
 struct Queue {
     queue: mpsc::Sender<SpanData>,
+    /// Told when the queue holds a whole batch, so the export task need not wait out the batch
+    /// delay (and is not woken for every span before that).
+    full: Arc<Notify>,
     metrics: Arc<Metrics>,
 }
 
@@ -269,6 +280,8 @@ impl SpanProcessor for Queue {
         }
         if self.queue.try_send(span).is_err() {
             self.metrics.spans_dropped(SpanDrop::QueueFull, 1);
+        } else if self.queue.max_capacity() - self.queue.capacity() >= MAX_BATCH {
+            self.full.notify_one();
         }
     }
 
@@ -281,51 +294,57 @@ impl SpanProcessor for Queue {
     }
 }
 
+/// What the export task listens to: the queue, the processor's word that a whole batch is
+/// queued, and the stop signal.
+struct Export {
+    spans: mpsc::Receiver<SpanData>,
+    full: Arc<Notify>,
+    stopped: watch::Receiver<bool>,
+}
+
 /// The export task: a batch is up to [`MAX_BATCH`] spans, gathered for at most [`BATCH_DELAY`]
-/// after its first; one request at a time, each bounded by `timeout`. Once stopped, it exports
-/// what is still queued and returns.
-async fn export(
-    mut spans: mpsc::Receiver<SpanData>,
-    mut stopped: watch::Receiver<bool>,
-    exporter: Exporter,
-    metrics: Arc<Metrics>,
-    timeout: Duration,
-) {
+/// after its first. The task wakes for the first span of a batch, then sleeps until the delay
+/// is over or the queue holds a whole batch, and takes what is queued then. One request at a
+/// time, each bounded by `timeout`. Once stopped, it exports what is still queued and returns.
+async fn export(mut from: Export, exporter: Exporter, metrics: Arc<Metrics>, timeout: Duration) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         let open = tokio::select! {
-            n = spans.recv_many(&mut batch, MAX_BATCH) => n > 0,
-            _ = stopped.changed() => false,
+            n = from.spans.recv_many(&mut batch, MAX_BATCH) => n > 0,
+            _ = from.stopped.changed() => false,
         };
         if !open {
             break;
         }
-        let gather = tokio::time::sleep(BATCH_DELAY);
-        tokio::pin!(gather);
-        while batch.len() < MAX_BATCH {
-            let room = MAX_BATCH - batch.len();
+        if batch.len() < MAX_BATCH {
             tokio::select! {
-                n = spans.recv_many(&mut batch, room) => if n == 0 { break },
-                () = &mut gather => break,
-                _ = stopped.changed() => break,
+                () = tokio::time::sleep(BATCH_DELAY) => {}
+                () = from.full.notified() => {}
+                _ = from.stopped.changed() => {}
             }
+            take_queued(&mut from.spans, &mut batch).await;
         }
         send(&exporter, &mut batch, &metrics, timeout).await;
-        if *stopped.borrow() {
+        if *from.stopped.borrow() {
             break;
         }
     }
     loop {
-        while batch.len() < MAX_BATCH {
-            match spans.try_recv() {
-                Ok(span) => batch.push(span),
-                Err(_) => break,
-            }
-        }
+        take_queued(&mut from.spans, &mut batch).await;
         if batch.is_empty() {
             return;
         }
         send(&exporter, &mut batch, &metrics, timeout).await;
+    }
+}
+
+/// Moves queued spans into `batch` until it holds [`MAX_BATCH`] or the queue is empty, without
+/// waiting: this task is the queue's only reader, so spans it sees queued are there to take, and
+/// they are taken in one go.
+async fn take_queued(spans: &mut mpsc::Receiver<SpanData>, batch: &mut Vec<SpanData>) {
+    let room = MAX_BATCH.saturating_sub(batch.len());
+    if room > 0 && !spans.is_empty() {
+        spans.recv_many(batch, room).await;
     }
 }
 
@@ -394,6 +413,7 @@ mod tests {
         let (queue, mut spans) = mpsc::channel(3);
         let processor = Queue {
             queue,
+            full: Arc::new(Notify::new()),
             metrics: metrics.clone(),
         };
         for _ in 0..10 {
@@ -410,6 +430,26 @@ mod tests {
             text.contains(r#"toolgate_otel_spans_dropped_total{reason="queue_full"} 7"#),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_whole_batch_in_the_queue_wakes_the_export_task() {
+        let (queue, _spans) = mpsc::channel(4 * MAX_BATCH);
+        let full = Arc::new(Notify::new());
+        let processor = Queue {
+            queue,
+            full: full.clone(),
+            metrics: Arc::new(Metrics::new()),
+        };
+        for _ in 0..MAX_BATCH - 1 {
+            processor.on_end(finished(TraceFlags::SAMPLED));
+        }
+        let early = tokio::time::timeout(Duration::from_millis(50), full.notified()).await;
+        assert!(early.is_err(), "told before a whole batch was queued");
+        processor.on_end(finished(TraceFlags::SAMPLED));
+        tokio::time::timeout(Duration::from_secs(5), full.notified())
+            .await
+            .expect("told once a whole batch was queued");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::{Mutex, MutexGuard};
 
 use super::{
-    Close, Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Status,
-    Store, StoreFuture, check_projecting,
+    Close, Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Store,
+    StoreFuture, check_projecting,
 };
 use crate::clock;
 use crate::error::{Code, Error, SizeStage};
@@ -41,7 +41,7 @@ const PROGRESS_OVERHEAD: u64 = 32;
 #[derive(Default)]
 struct Inner {
     runs: Sharded<RunId, Expiring<RunEntry>>,
-    records: Sharded<(RunId, ToolCallId), Expiring<String>>,
+    records: Sharded<(RunId, ToolCallId), Expiring<StoredRecord>>,
     /// The bytes the runs and records above take, by the estimate of the constants above.
     bytes: u64,
     /// The keys due at each instant, soonest first: expired keys are dropped in O(log n) each,
@@ -163,6 +163,13 @@ fn record_size(key: &(RunId, ToolCallId), body: &str) -> u64 {
     (key.0.len() + key.1.len() + body.len()) as u64 + RECORD_OVERHEAD
 }
 
+/// A record as the memory store holds it: its JSON, and whether it is still PROJECTING, so a
+/// finalize need not parse the JSON back to find out.
+struct StoredRecord {
+    json: String,
+    projecting: bool,
+}
+
 struct Expiring<T> {
     value: T,
     expires_at: Instant,
@@ -254,15 +261,17 @@ impl Inner {
 
     fn remove_record(&mut self, key: &(RunId, ToolCallId)) {
         if let Some(e) = self.records.remove(key) {
-            self.bytes = self.bytes.saturating_sub(record_size(key, &e.value));
+            self.bytes = self.bytes.saturating_sub(record_size(key, &e.value.json));
         }
     }
 
     /// Inserts or replaces a record, keeping the byte count.
-    fn put_record(&mut self, key: (RunId, ToolCallId), record: Expiring<String>) {
-        self.bytes += record_size(&key, &record.value);
+    fn put_record(&mut self, key: (RunId, ToolCallId), record: Expiring<StoredRecord>) {
+        self.bytes += record_size(&key, &record.value.json);
         if let Some(old) = self.records.insert(key.clone(), record) {
-            self.bytes = self.bytes.saturating_sub(record_size(&key, &old.value));
+            self.bytes = self
+                .bytes
+                .saturating_sub(record_size(&key, &old.value.json));
         }
     }
 
@@ -278,7 +287,7 @@ impl Inner {
         run_id: &RunId,
         id: &ToolCallId,
         now: Instant,
-    ) -> Option<&Expiring<String>> {
+    ) -> Option<&Expiring<StoredRecord>> {
         let key = (run_id.clone(), id.clone());
         if self.records.get(&key).is_some_and(|e| !e.live(now)) {
             self.remove_record(&key);
@@ -363,7 +372,10 @@ impl Store for MemoryStore {
             inner.put_record(
                 key,
                 Expiring {
-                    value: body,
+                    value: StoredRecord {
+                        json: body,
+                        projecting: true,
+                    },
                     expires_at,
                 },
             );
@@ -373,28 +385,35 @@ impl Store for MemoryStore {
 
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
-            let prepared = PreparedFinal::new(record, record_bytes)?;
+            let (body, replaced) = PreparedFinal::body(record, record_bytes)?;
             let now = clock::now_ms();
             let mut inner = self.lock();
             let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "record vanished"));
             };
-            if Record::from_json(&current.value)?.status != Status::Projecting {
+            if !current.value.projecting {
                 return Err(Error::internal("record is no longer PROJECTING"));
             }
             let expires_at = current.expires_at;
             let Some(entry) = inner.run(&record.run_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "run vanished"));
             };
-            let (body, outcome) = if entry.run.record_bytes_used + prepared.size()
-                > entry.run.budget.max_record_bytes
-            {
-                (prepared.run_fallback, Finalized::TooLarge(SizeStage::Run))
-            } else {
-                entry.run.record_bytes_used += prepared.size();
-                let outcome = prepared.written();
-                (prepared.body, outcome)
-            };
+            let size = body.len() as u64;
+            let (body, outcome) =
+                if entry.run.record_bytes_used + size > entry.run.budget.max_record_bytes {
+                    let fallback = match replaced {
+                        Some(_) => body,
+                        None => PreparedFinal::run_fallback(record)?,
+                    };
+                    (fallback, Finalized::TooLarge(SizeStage::Run))
+                } else {
+                    entry.run.record_bytes_used += size;
+                    let outcome = match replaced {
+                        Some(stage) => Finalized::TooLarge(stage),
+                        None => Finalized::Written,
+                    };
+                    (body, outcome)
+                };
             entry.progress.push(record.tool_call_id.clone());
             let grown = PROGRESS_OVERHEAD + record.tool_call_id.len() as u64;
             entry.size += grown;
@@ -405,7 +424,10 @@ impl Store for MemoryStore {
             inner.put_record(
                 (record.run_id.clone(), record.tool_call_id.clone()),
                 Expiring {
-                    value: body,
+                    value: StoredRecord {
+                        json: body,
+                        projecting: false,
+                    },
                     expires_at,
                 },
             );
@@ -425,7 +447,7 @@ impl Store for MemoryStore {
                 return Ok(None);
             };
             let ttl = e.expires_at.saturating_sub(now);
-            Ok(Some((Record::from_json(&e.value)?, ttl)))
+            Ok(Some((Record::from_json(&e.value.json)?, ttl)))
         })
     }
 
@@ -442,7 +464,7 @@ impl Store for MemoryStore {
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
                 let record = match inner.record(run_id, &id, now) {
-                    Some(e) => Some(Record::from_json(&e.value)?),
+                    Some(e) => Some(Record::from_json(&e.value.json)?),
                     None => None,
                 };
                 out.push((id, record));

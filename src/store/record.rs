@@ -242,19 +242,35 @@ pub struct PreparedFinal {
 
 impl PreparedFinal {
     pub fn new(record: &Record, record_bytes: u64) -> Result<PreparedFinal> {
-        check_final(record)?;
-        let full = record.to_json()?;
-        let stripped = record.write_json(true)?;
-        let (body, replaced) = if full.len() as u64 > record_bytes {
-            (stripped.clone(), Some(SizeStage::Record))
-        } else {
-            (full, None)
+        let (body, replaced) = PreparedFinal::body(record, record_bytes)?;
+        let run_fallback = match replaced {
+            Some(_) => body.clone(),
+            None => PreparedFinal::run_fallback(record)?,
         };
         Ok(PreparedFinal {
             body,
             replaced,
-            run_fallback: stripped,
+            run_fallback,
         })
+    }
+
+    /// The fallback written when the run's byte budget cannot take the body: the record
+    /// stripped of its raw response and result.
+    pub fn run_fallback(record: &Record) -> Result<String> {
+        record.write_json(true)
+    }
+
+    /// The final record's body alone: the full record, or the stripped fallback (and the stage)
+    /// when the full one is over `record_bytes`. A store that can decide the run's byte budget
+    /// before writing makes the run fallback only when it needs it.
+    pub fn body(record: &Record, record_bytes: u64) -> Result<(String, Option<SizeStage>)> {
+        check_final(record)?;
+        let full = record.to_json()?;
+        if full.len() as u64 > record_bytes {
+            Ok((record.write_json(true)?, Some(SizeStage::Record)))
+        } else {
+            Ok((full, None))
+        }
     }
 
     pub fn size(&self) -> u64 {
