@@ -29,15 +29,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{HeaderMap, Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{Map, Value, json};
 use toolgate::error::CodeName;
 
 use crate::boundary::{Env, Run, assert_error, assert_ready, on_both_stores, wait_calls};
-use crate::support::fake_tool::{FakeTool, RAW_MARKER};
+use crate::support::fake_tool::{FakeTool, RAW_MARKER, serve_http1};
 use crate::support::sidecar::{ADMIN_TOKEN, Reply, Sidecar, metric};
 use crate::support::{Deadline, store_yaml, temp_dir, unique};
 
@@ -1848,22 +1845,9 @@ impl EndlessMcp {
             closed: Arc::default(),
         };
         let u = up.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let u = u.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let u = u.clone();
-                        async move { Ok::<_, Infallible>(u.answer(req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        serve_http1(listener, move |req| {
+            let u = u.clone();
+            async move { u.answer(req).await }
         });
         up
     }

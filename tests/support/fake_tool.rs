@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,6 +43,37 @@ pub struct Seen {
     pub body_text: String,
 }
 
+/// Serves HTTP/1 on every connection `listener` accepts, in a task of its own, each request
+/// answered by `answer`; the test servers (fake tools, the OTLP receiver, hand-made MCP
+/// upstreams) share it.
+pub fn serve_http1<F, Fut, B>(listener: TcpListener, answer: F)
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<B>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let answer = answer.clone();
+                    async move { Ok::<_, Infallible>(answer(req).await) }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+}
+
 /// A running fake tool service.
 #[derive(Clone)]
 pub struct FakeTool {
@@ -70,23 +102,9 @@ impl FakeTool {
             endless_closed: Arc::default(),
         };
         let t = tool.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let t = t.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let t = t.clone();
-                        async move { Ok::<_, Infallible>(t.answer(req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        serve_http1(listener, move |req| {
+            let t = t.clone();
+            async move { t.answer(req).await }
         });
         tool
     }

@@ -4,7 +4,6 @@
 //! counted in [`Collector::rejected`], so a test sees a malformed export. It can also be slow:
 //! every answer waits [`Collector::delay`] first.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,10 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -25,6 +21,8 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use tokio::net::TcpListener;
+
+use super::fake_tool::serve_http1;
 
 /// One received span, with the resource it came with.
 #[derive(Debug, Clone)]
@@ -116,22 +114,9 @@ impl Collector {
             delay,
         };
         let c = collector.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let c = c.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
-                        let c = c.clone();
-                        async move { Ok::<_, Infallible>(c.answer(req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+        serve_http1(listener, move |req| {
+            let c = c.clone();
+            async move { c.answer(req).await }
         });
         collector
     }
