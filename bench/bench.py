@@ -28,6 +28,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 from ports import free_port  # noqa: E402  (the scripts' one port helper)
+from procs import Procs, log_tail  # noqa: E402  (and their process handling)
 
 LUA = os.path.join(BENCH_DIR, "call.lua")
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
@@ -103,45 +104,6 @@ class OtlpSink:
 # ----------------------------------------------------------------------------------------------
 # Processes and ports.
 
-class Procs:
-    """Every process this run starts, so that all of them stop however the run ends."""
-
-    def __init__(self, workdir):
-        self.workdir = workdir
-        self.children = []
-        self.pidfile = os.path.join(workdir, "pids")
-
-    def spawn(self, name, argv, env=None, cwd=None, pipes=False):
-        """Start argv, logging to NAME.log; with pipes, its stdin and stdout are pipes to us."""
-        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
-        if pipes:
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE,
-                                 env=env, cwd=cwd, text=True)
-        else:
-            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=env, cwd=cwd)
-        log.close()
-        self.children.append((name, p))
-        with open(self.pidfile, "a") as f:
-            f.write(f"{p.pid}\n")
-        return p
-
-    def stop_all(self):
-        for _, p in reversed(self.children):
-            if p.poll() is None:
-                p.terminate()
-        deadline = time.time() + 10
-        for _, p in reversed(self.children):
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.children = []
-        # Everything is stopped: run.sh's backstop must not signal these (maybe reused) pids.
-        open(self.pidfile, "w").close()
-
-
 def wait_http(url, proc, what, timeout=30, headers=None):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -181,26 +143,6 @@ def post_json(url, body, token):
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
 
-
-def log_tail(workdir, name, lines=3):
-    """The last error a process logged, else its last lines."""
-    try:
-        with open(os.path.join(workdir, f"{name}.log"), errors="replace") as f:
-            tail = f.readlines()[-50:]
-    except OSError:
-        return ""
-    for line in reversed(tail):
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("level") == "ERROR":
-            return f"{entry.get('message', '')}: {entry.get('error', '')}".strip(": ")
-    return " | ".join(line.strip() for line in tail[-lines:])
-
-
-# ----------------------------------------------------------------------------------------------
-# /proc readings.
 
 def rss_mib(pid):
     """(VmRSS, VmHWM) in MiB."""

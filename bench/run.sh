@@ -54,35 +54,6 @@ CLUSTER_BIN=$TARGET_DIR/release/examples/redis_cluster
 
 # --- run ---------------------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-bench.XXXXXX")
-DRIVER=
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM HUP
-    # The driver stops its own children; this is the backstop if it was killed outright.
-    if [[ -n $DRIVER ]] && kill -0 "$DRIVER" 2>/dev/null; then
-        kill -TERM "$DRIVER" 2>/dev/null || true
-        wait "$DRIVER" 2>/dev/null || true
-    fi
-    if [[ -f $WORK/pids ]]; then
-        while read -r pid; do
-            kill -TERM "$pid" 2>/dev/null || true
-        done <"$WORK/pids"
-    fi
-    # A failed run keeps its logs and configs; a clean or interrupted one leaves nothing.
-    if [[ -n ${BENCH_KEEP_WORKDIR:-} ]] || ((rc == 1 || rc == 2)); then
-        echo "bench: logs and configs kept in $WORK" >&2
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
-
-python3 "$BENCH_DIR/bench.py" --toolgate "$TOOLGATE" --tool "$TOOL" --workdir "$WORK" \
-    --redis-cluster "$CLUSTER_BIN" "$@" &
-DRIVER=$!
-wait "$DRIVER"
+run_driver bench "$([[ -n ${BENCH_KEEP_WORKDIR:-} ]] && echo 1 || echo 0)" \
+    python3 "$BENCH_DIR/bench.py" --toolgate "$TOOLGATE" --tool "$TOOL" --workdir "$WORK" \
+    --redis-cluster "$CLUSTER_BIN" "$@"

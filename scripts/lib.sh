@@ -77,3 +77,48 @@ stop_pid() {
     fi
     wait "$pid" 2>/dev/null || true
 }
+
+# stop_driver DRIVER_PID PIDFILE: the backstop of a Python driver that keeps its children's pids
+# in PIDFILE (scripts/procs.py). The driver stops its own children; this stops the driver if it is
+# still running, then every pid left in the file, in case the driver was killed outright.
+stop_driver() {
+    local driver=$1 pidfile=$2 pid
+    if [[ -n $driver ]] && kill -0 "$driver" 2>/dev/null; then
+        kill -TERM "$driver" 2>/dev/null || true
+        wait "$driver" 2>/dev/null || true
+    fi
+    if [[ -f $pidfile ]]; then
+        while read -r pid; do
+            stop_pid "$pid" "process $pid"
+        done <"$pidfile"
+    fi
+}
+
+# run_driver NAME KEEP CMD...: runs the Python driver CMD, which keeps its children's pids in
+# $WORK/pids, and exits with its status. However the script ends (the driver's exit, a signal),
+# the driver and its children are stopped, and $WORK is removed, unless the driver failed (a
+# status from 1 to 127) or KEEP is 1: then its logs and configs stay, and a line says where.
+run_driver() {
+    DRIVER_NAME=$1 DRIVER_KEEP=$2
+    shift 2
+    trap _driver_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'exit 129' HUP
+    "$@" &
+    DRIVER=$!
+    wait "$DRIVER"
+}
+
+# shellcheck disable=SC2317  # runs from the EXIT trap run_driver sets
+_driver_cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM HUP
+    stop_driver "${DRIVER:-}" "$WORK/pids"
+    if [[ $DRIVER_KEEP == 1 ]] || ((rc != 0 && rc < 128)); then
+        echo "$DRIVER_NAME: logs and configs kept in $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}

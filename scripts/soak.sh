@@ -10,7 +10,6 @@
 # redis-server when the Redis store is wanted and it is missing (scripts/install-deps.sh test).
 # Every process it started is stopped however it ends; a failed run keeps its logs and configs
 # (KEEP_WORK=1 keeps them always). Exit status: 0 all checks held, 1 a check failed, 2 setup.
-# shellcheck disable=SC2317  # cleanup runs from the EXIT trap
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,34 +36,5 @@ TOOL=$(example_bin fake_tool)
 CLUSTER=$(example_bin redis_cluster)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolgate-soak.XXXXXX")
-DRIVER=""
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM HUP
-    # soak.py stops its own children; this is the backstop when it was killed outright.
-    if [[ -n $DRIVER ]] && kill -0 "$DRIVER" 2>/dev/null; then
-        kill -TERM "$DRIVER" 2>/dev/null || true
-        wait "$DRIVER" 2>/dev/null || true
-    fi
-    if [[ -f $WORK/pids ]]; then
-        while read -r pid; do
-            stop_pid "$pid" "process $pid"
-        done <"$WORK/pids"
-    fi
-    if [[ ${KEEP_WORK:-} == 1 ]] || ((rc != 0 && rc < 128)); then
-        log "logs and configs kept in $WORK"
-    else
-        rm -rf "$WORK"
-    fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
-
-python3 scripts/soak.py --toolgate "$TOOLGATE_BIN" --tool "$TOOL" --redis-cluster "$CLUSTER" \
-    --workdir "$WORK" "$@" &
-DRIVER=$!
-wait "$DRIVER"
+run_driver soak "${KEEP_WORK:-0}" python3 scripts/soak.py --toolgate "$TOOLGATE_BIN" \
+    --tool "$TOOL" --redis-cluster "$CLUSTER" --workdir "$WORK" "$@"
