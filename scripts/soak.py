@@ -25,16 +25,22 @@ the rest. Redis only: at mid-soak the primary of an open run's slot is killed (S
 replica takes over, the node is restarted and comes back as a replica; during that window calls
 may fail with STORE_UNAVAILABLE and nothing else, and no acknowledged record may be lost.
 
-toolgate's RSS (/proc/PID/status) is sampled about four times a second, with jitter: from the
-warm-up level (the mean over the last 15 s, or 5 % of the time if longer, of the warm-up, which is
-the first 20 % of the time and at least 30 s) to the end level (the mean over as long at the end
-of the load) it may grow by at most 5 % in a soak of 10 minutes or more, and by at most 15 % in a
-shorter one. A mean, because a run's end materializes its records and makes the RSS saw by a few
-MiB. The limits differ because the RSS also wanders over minutes with no trend: in 4-minute runs
-the means of 15-60 s windows after warm-up spread over 3-14 % (standard deviation 1-4 %), so two
-short windows differ by more than 5 % in about one run of ten without any leak, while 30-minute
-runs (90 s windows) stay within about 1 %. The short check still catches a leak of a few hundred
-bytes per call; the 5 % verdict belongs to the long soak.
+toolgate's RSS (/proc/PID/status) is sampled about four times a second, with jitter. Its growth
+after warm-up is judged from the level just after the warm-up (the first 20 % of the time, at least
+30 s) to the level at the end of the load, each the mean over a window of 30 s (5 % of the time
+when that is longer): a mean, because a run's end materializes its records and makes the RSS saw
+by a few MiB; and the first window starts after the warm-up, because the first 25 s or so still
+ramp up (the memory store fills for one record TTL, the allocator's pages settle). A 2-minute soak
+compares 30-60 s with 90-120 s. A soak too short for two windows after its warm-up (under 90 s)
+fails its RSS check, saying so.
+
+The growth allowed is 5 % in a soak of 10 minutes or more and 15 % in a shorter one. The RSS
+wanders by a few MiB over tens of seconds with no trend (the heap's share of it, which is about
+half: the rest is the binary's pages and does not move): over about 1,000 pairs of windows placed
+as a 2-minute soak places them, taken from a 15- and a 30-minute soak, the growth has a standard
+deviation of 2.0-2.8 % and passes 5 % in 2-6 % of the pairs. So a 5 % limit on a 2-minute soak
+would fail CI about one time in ten for two stores without any leak; 15 % still catches a leak of
+about 500 bytes per call in two minutes, and the 5 % verdict belongs to the long soak.
 
 Prints one summary per store; exit status 0 when every check held, 1 when one failed, 2 when the
 harness itself could not run. Standard library only.
@@ -60,11 +66,13 @@ import urllib.request
 SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS_DIR)
 from ports import free_ports  # noqa: E402  (the scripts' one port helper)
+from procs import Procs, log_tail  # noqa: E402  (and their process handling)
 
 RAW_MARKER = "RAW-SECRET-MARKER-7f3a"  # tests/support/fake_tool.rs: never in an agent's answer
 MIB = 1024 * 1024
-# RSS growth allowed after warm-up, in %: see the module docstring for why a short soak gets more.
-RSS_LIMIT_LONG, RSS_LIMIT_SHORT, LONG_SOAK_S = 5.0, 15.0, 600
+# RSS growth allowed after warm-up, in %, from LONG_SOAK_S and below it, and the shortest window a
+# level is the mean of, in s (the module docstring says why).
+RSS_LIMIT_LONG, RSS_LIMIT_SHORT, LONG_SOAK_S, RSS_WINDOW_S = 5.0, 15.0, 600, 30.0
 
 
 def rss_growth_limit(seconds):
@@ -110,43 +118,6 @@ class Failure(Exception):
 # ----------------------------------------------------------------------------------------------
 # Processes.
 
-class Procs:
-    """Every process this soak starts, so that all of them stop however it ends; their pids go to
-    a file that soak.sh reads if this program is killed outright."""
-
-    def __init__(self, workdir):
-        self.workdir = workdir
-        self.children = []
-        self.pidfile = os.path.join(workdir, "pids")
-
-    def spawn(self, name, argv, env=None, pipes=False):
-        log = open(os.path.join(self.workdir, f"{name}.log"), "ab")
-        if pipes:
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE,
-                                 env=env, text=True)
-        else:
-            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=env)
-        log.close()
-        self.children.append((name, p))
-        with open(self.pidfile, "a") as f:
-            f.write(f"{p.pid}\n")
-        return p
-
-    def stop_all(self):
-        for _, p in reversed(self.children):
-            if p.poll() is None:
-                p.terminate()
-            # Stop in reverse order: a restarted Redis node before the cluster removes its dir.
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.children = []
-        open(self.pidfile, "w").close()  # all reaped: soak.sh must not signal reused pids
-
-
 def wait_http(url, proc, what, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -160,14 +131,6 @@ def wait_http(url, proc, what, timeout=30):
             pass
         time.sleep(0.1)
     raise Failure(f"{what} did not answer 200 at {url} within {timeout}s")
-
-
-def log_tail(workdir, name, lines=5):
-    try:
-        with open(os.path.join(workdir, f"{name}.log"), errors="replace") as f:
-            return " | ".join(line.strip() for line in f.readlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def rss_kib(pid):
@@ -852,16 +815,16 @@ tools:
                 f.write(f"{t:.1f}\t{kib}\n")
 
     def rss_levels(self):
-        """Mean RSS over a window at the end of the warm-up and over one at the end of the load.
-        Admin reads (a run's end materializes its records) make a sawtooth of several MiB, so a
-        level is a mean of samples over at least 10 s, never a single sample; the floor (the
-        lowest sample of each window) is reported too."""
-        span = max(15.0, 0.05 * self.seconds)
+        """Mean RSS over the window just after the warm-up and over the one at the end of the load
+        (their lowest samples are reported too), and the trend after the warm-up. The windows are
+        None when the soak is too short for both to fit after the warm-up without overlapping."""
+        span = max(RSS_WINDOW_S, 0.05 * self.seconds)
+        warm_at, end_at = (self.warmup, self.warmup + span), (self.seconds - span, self.seconds + 1)
 
         def window(a, b):
             return [kib / 1024 for t, kib in self.rss if a <= t <= b]
-        warm_w, end_w = window(self.warmup - span, self.warmup), window(self.seconds - span,
-                                                                          self.seconds + 1)
+        fits = warm_at[1] <= end_at[0]
+        warm_w, end_w = (window(*warm_at), window(*end_at)) if fits else ([], [])
         after = [(t, kib / 1024) for t, kib in self.rss if t >= self.warmup]
         slope = None
         if len(after) >= 3:
@@ -870,7 +833,7 @@ tools:
             den = sum((t - tm) ** 2 for t in ts)
             slope = sum((t - tm) * (m - mm) for t, m in after) / den * 3600 if den else None
         return {
-            "span": span,
+            "span": span, "warm_at": warm_at, "fits": fits,
             "warm": statistics.fmean(warm_w) if warm_w else None,
             "end": statistics.fmean(end_w) if end_w else None,
             "warm_floor": min(warm_w, default=None), "end_floor": min(end_w, default=None),
@@ -1108,15 +1071,19 @@ tools:
         for e in s.examples[:5]:
             line(f"    e.g. {e}")
         line(f"raw responses seen by the agent: {s.leaks}", s.leaks == 0)
-        if warm is None or end is None:
+        if not r["fits"]:
+            line(f"RSS: not judged, the soak is too short: {self.warmup + 2 * r['span']:.0f} s are "
+                 f"needed for the warm-up and two {r['span']:.0f} s windows after it", False)
+        elif warm is None or end is None:
             line("RSS: not enough samples", False)
         else:
             floor = (r["end_floor"] - r["warm_floor"]) / r["warm_floor"] * 100
+            wa, wb = r["warm_at"]
             limit = rss_growth_limit(self.seconds)
-            line(f"RSS: warm-up {warm:.1f} MiB (mean of {self.warmup - r['span']:.0f}-{self.warmup:.0f} s), "
-                 f"end {end:.1f} MiB (mean of the last {r['span']:.0f} s), growth {growth:+.2f} % "
-                 f"(limit {limit:g} %" + ("" if limit == RSS_LIMIT_LONG else
-                                          f", {RSS_LIMIT_LONG:g} % from {LONG_SOAK_S // 60} min") + ")",
+            line(f"RSS: after warm-up {warm:.1f} MiB (mean of {wa:.0f}-{wb:.0f} s), end {end:.1f} MiB "
+                 f"(mean of the last {r['span']:.0f} s), growth {growth:+.2f} % (limit {limit:g} %"
+                 + ("" if limit == RSS_LIMIT_LONG else
+                    f", {RSS_LIMIT_LONG:g} % from {LONG_SOAK_S // 60} min") + ")",
                  growth <= limit)
             line(f"     floor {r['warm_floor']:.1f} -> {r['end_floor']:.1f} MiB ({floor:+.2f} %), peak "
                  f"{r['peak']:.1f} MiB, trend after warm-up {r['slope']:+.1f} MiB/h, "
