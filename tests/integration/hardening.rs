@@ -147,16 +147,29 @@ impl Toolgate {
         tg
     }
 
-    /// Resident memory, from /proc.
-    fn rss_kib(&self) -> u64 {
+    /// One field of /proc/PID/status, without its unit.
+    fn status(&self, field: &str) -> String {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .expect("proc status");
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .map(|v| v.trim().trim_end_matches("kB").trim().to_string())
+            .unwrap_or_else(|| panic!("{field} is not in /proc/PID/status"))
     }
+
+    /// Resident memory, from /proc.
+    fn rss_kib(&self) -> u64 {
+        self.status("VmRSS").parse().expect("VmRSS")
+    }
+}
+
+/// Transparent huge pages are off for the sidecar's process (the kernel's `THP_enabled`), so its
+/// heap moves in 4 KiB pages and no background collapse raises its RSS.
+#[test]
+fn the_process_runs_without_transparent_huge_pages() {
+    let tg = Toolgate::spawn();
+    assert_eq!(tg.status("THP_enabled"), "0");
 }
 
 impl Drop for Toolgate {
