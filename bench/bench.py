@@ -317,12 +317,13 @@ tools:
 
 
 def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_ports, args,
-                   front="invoke", wrapper=(), ready_timeout=20, otel_endpoint=None):
+                   front="invoke", wrapper=(), ready_timeout=20, otel_endpoint=None,
+                   record_ttl_ms=None):
     ports = {k: free_port() for k in ("agent", "admin", "telemetry")}
     cfg = os.path.join(workdir, f"{name}.yaml")
     with open(cfg, "w") as f:
-        f.write(toolgate_config(ports, tool_url, store, redis_ports, args.record_ttl_ms,
-                                otel_endpoint))
+        f.write(toolgate_config(ports, tool_url, store, redis_ports,
+                                record_ttl_ms or args.record_ttl_ms, otel_endpoint))
     env = dict(os.environ, TOOLGATE_ADMIN_TOKEN=ADMIN_TOKEN)
     env.pop("TOOLGATE_CONFIG", None)
     env.pop("TOOLGATE_TOKEN_KEY", None)
@@ -441,6 +442,40 @@ def round_trips(path, redis, seconds, calls):
         "round_trips_by_command": {k: round(v / denom, 3) for k, v in sorted(by_cmd.items())},
         "redis_commands_per_call_incl_scripts": inner / denom,
     }
+
+
+def live_records(args, procs, workdir, tool, rounds, lat_s, rps, log):
+    """The memory store's latency while it holds `args.live_records` live records: a toolgate of
+    its own whose records outlive the phase is filled at 32 connections, then measured at 4
+    connections as the latency rounds are, and stopped (it holds about a GiB). wrk runs for its
+    whole duration even when its threads stop early, so the fill lasts what the memory path's
+    throughput (`rps`) says it needs, with a margin, and stops at the count."""
+    name = "toolgate-memory-live"
+    tg, why = start_toolgate(procs, workdir, name, args.toolgate, tool["url"], "memory", [], args,
+                             record_ttl_ms=3600 * 1000)
+    if tg is None:
+        raise Failure(f"{name}: {why}")
+    tg["front"] = "invoke"
+    per_thread = -(-args.live_records // 2)
+    t0 = time.time()
+    seconds = min(600, int(args.live_records / max(rps, 1000) * 1.25) + 3)
+    fill = wrk(tg["url"], 2, 32, seconds, "invoke", "f", tg["run_id"], tg["token"],
+               stop_after=per_thread)
+    failed = failed_of(fill)
+    log(f"live records: {fill['requests']} calls within {time.time() - t0:.0f} s, "
+        f"RSS {rss_mib(tg['pid'])[0]:.0f} MiB"
+        + (f"  FAILED {failed}" if failed else ""))
+    p99 = []
+    for rnd in range(rounds):
+        r = leg(tg, 1, 4, lat_s, f"l{rnd}", args.latency_pace_ms)
+        failed += failed_of(r)
+        p99.append(r["latency_us"]["p99"] / 1000)
+        log(f"latency    {name:24} {r['rps']:9.0f} req/s  p50 {r['latency_us']['p50'] / 1000:.3f} ms"
+            f"  p99 {p99[-1]:.3f} ms")
+    rss = rss_mib(tg["pid"])[0]
+    os.kill(tg["pid"], signal.SIGTERM)
+    return {"records": fill["requests"] - failed_of(fill),
+            "p99_ms": {"median": median(p99), "rounds": p99}, "rss_mib": rss, "failed": failed}
 
 
 def sequential_calls(path, n, prefix):
@@ -693,6 +728,11 @@ def targets(report):
             a is not None and a <= 0.5)
         c = r.get("cpu_vs_nginx")
         add("memory toolgate CPU per call vs nginx's", "<= 2.5", c, c is not None and c <= 2.5)
+    live = report.get("live_records")
+    if live:
+        m = live["p99_ms"]["median"]
+        add(f"memory p99 with {live['records']:,} live records, 4 connections (ms)", "<= 2", m,
+            m is not None and m <= 2)
     if p and not p.get("unavailable"):
         r = p["ratios"]
         t = r.get("throughput_vs_nginx")
@@ -767,6 +807,9 @@ def main():
                     help="extra environment for every toolgate, for experiments "
                     "(e.g. TOOLGATE_LOG=warn, LD_PRELOAD=...); recorded in the JSON")
     ap.add_argument("--record-ttl-ms", type=int, default=60_000)
+    ap.add_argument("--live-records", type=int,
+                    help="memory store: the live records of the latency phase that holds them "
+                    "(default 1000000, 0 in a quick run; 0 skips it)")
     ap.add_argument("--run-timeout-ms", type=int, default=6 * 3600 * 1000)
     args = ap.parse_args()
 
@@ -776,6 +819,8 @@ def main():
     lat_s = args.latency_seconds or (2 if quick else 5)
     warm_s = args.warmup_seconds or (1 if quick else 3)
     rt_calls = args.rt_calls or (200 if quick else 2000)
+    if args.live_records is None:
+        args.live_records = 0 if quick else 1_000_000
     out_path = args.out or os.path.join(BENCH_DIR, "results",
                                         "quick.json" if quick else "latest.json")
     wanted = [p["name"] for p in PATHS]
@@ -890,6 +935,11 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                 f"{s['finalized_calls']} calls {s['round_trips_by_command']}; Redis commands incl. "
                 f"inside scripts {s['redis_commands_per_call_incl_scripts']:.2f}")
 
+    live = None
+    if args.live_records and "toolgate-memory" in wanted:
+        rps = median([r["rps"] for r in legs["toolgate-memory"]["throughput"]])
+        live = live_records(args, procs, workdir, tool, rounds, lat_s, rps, log)
+
     # Assemble.
     report = {
         "schema": 1,
@@ -995,6 +1045,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         if nginx_us and e.get("cpu_us_per_call") is not None:
             e["ratios"]["cpu_vs_nginx"] = e["cpu_us_per_call"] / nginx_us
     report["mcp_vs_invoke"] = mcp_vs_invoke(report)
+    if live:
+        report["live_records"] = live
+        total_failed += live["failed"]
 
     report["failed_requests"] = total_failed
     report["targets"] = targets(report)
@@ -1016,6 +1069,11 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     print()
     print_table(report)
     print_mcp_vs_invoke(report["mcp_vs_invoke"])
+    if live:
+        print(f"\nmemory store holding {live['records']:,} live records: "
+              f"p99 {live['p99_ms']['median']:.3f} ms at 4 "
+              f"connections (rounds {', '.join(f'{x:.3f}' for x in live['p99_ms']['rounds'])}), "
+              f"RSS {live['rss_mib']:.0f} MiB")
     print_targets(report["targets"])
     print()
     print(f"written: {out_path} ({report['elapsed_seconds']}s)")
