@@ -206,21 +206,38 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.expire(clock::now_ms());
+        inner.expire(clock::now_ms(), EXPIRE_PER_OPERATION);
         inner
     }
 }
 
+/// The most due keys one operation drops. Reads never see an expired key (they check its
+/// instant), so what is due can wait for later operations: after an idle spell with many keys
+/// due, no single call pays for dropping them all under the lock. Each operation adds at most
+/// one key and drops up to this many, so expiry keeps up with any load.
+const EXPIRE_PER_OPERATION: usize = 64;
+
 impl Inner {
-    /// Drops the keys whose time has come. A heap entry whose key was since replaced by a
-    /// newer one (same name, later expiry) leaves that key alone.
-    fn expire(&mut self, now: Instant) {
-        while let Some(due) = self.expiry.first_entry() {
-            if *due.key() > now {
+    /// Drops up to `max` of the keys whose time has come, soonest first. A heap entry whose key
+    /// was since replaced by a newer one (same name, later expiry) leaves that key alone.
+    fn expire(&mut self, now: Instant, max: usize) {
+        let mut left = max;
+        while left > 0 {
+            let Some(mut due) = self.expiry.first_entry() else {
+                break;
+            };
+            let at = *due.key();
+            if at > now {
                 break;
             }
-            let (at, keys) = due.remove_entry();
-            for key in keys {
+            let keys = due.get_mut();
+            let batch = if keys.len() <= left {
+                due.remove()
+            } else {
+                keys.split_off(keys.len() - left)
+            };
+            left -= batch.len();
+            for key in batch {
                 match key {
                     Key::Run(id) => {
                         if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
@@ -242,8 +259,12 @@ impl Inner {
         self.expiry.entry(at).or_default().push(key);
     }
 
-    /// Fails closed when `size` more bytes would take the store past `max_bytes`.
-    fn room_for(&self, size: u64, max_bytes: u64) -> Result<(), Error> {
+    /// Fails closed when `size` more bytes would take the store past `max_bytes`, counting only
+    /// live keys: what is due is dropped first.
+    fn room_for(&mut self, size: u64, max_bytes: u64) -> Result<(), Error> {
+        if self.bytes.saturating_add(size) > max_bytes {
+            self.expire(clock::now_ms(), usize::MAX);
+        }
         if self.bytes.saturating_add(size) > max_bytes {
             return Err(Error::store(format!(
                 "memory store full: {} of {max_bytes} bytes held (store.memory_max_bytes)",
@@ -486,17 +507,15 @@ mod tests {
     use serde_json::json;
     use std::time::Duration;
 
-    #[tokio::test(start_paused = true)]
-    async fn expired_keys_leave_memory_without_being_read() {
-        let store = MemoryStore::new(1_000);
-        let now = clock::now_ms();
+    /// Creates run `r`, due 500 ms from `now`, that may take `max_calls` calls.
+    async fn create_run(store: &MemoryStore, now: Instant, max_calls: u64) -> RunId {
         let run_id = RunId::parse("r").unwrap();
         let run = NewRun {
             run_id: run_id.clone(),
             created_ms: now,
             deadline_ms: now + 500,
             budget: Budget {
-                max_calls: 10,
+                max_calls,
                 max_calls_per_tool: Default::default(),
                 max_record_bytes: 1 << 20,
             },
@@ -504,6 +523,55 @@ mod tests {
             paths: Default::default(),
         };
         store.create_run(run).await.unwrap();
+        run_id
+    }
+
+    /// The keys held, without expiring anything (`lock` would).
+    fn held(store: &MemoryStore) -> (usize, usize) {
+        let inner = store.inner.lock().unwrap();
+        (inner.runs.len(), inner.records.len())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_operation_drops_a_bounded_number_of_due_keys() {
+        let store = MemoryStore::new(1_000);
+        let now = clock::now_ms();
+        let run_id = create_run(&store, now, 1000).await;
+        let ids: Vec<ToolCallId> = (0..200)
+            .map(|i| ToolCallId::parse(&format!("c{i}")).unwrap())
+            .collect();
+        for id in &ids {
+            let record = Record::projecting(
+                run_id.clone(),
+                id.clone(),
+                ToolName::parse("t").unwrap(),
+                json!({}),
+                now,
+            );
+            store.reserve(&record, now + 1).await.unwrap();
+        }
+        assert_eq!(held(&store), (1, 200));
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        store
+            .get_run(&RunId::parse("other").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(held(&store), (1, 200 - EXPIRE_PER_OPERATION));
+        for id in &ids {
+            assert!(
+                store.get_record(&run_id, id).await.unwrap().is_none(),
+                "a due record is never read, dropped or not"
+            );
+        }
+        assert_eq!(held(&store), (1, 0), "later operations drop the rest");
+        assert_eq!(store.bytes(), RUN_OVERHEAD + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_keys_leave_memory_without_being_read() {
+        let store = MemoryStore::new(1_000);
+        let now = clock::now_ms();
+        let run_id = create_run(&store, now, 10).await;
         for id in ["a", "b", "c"] {
             let record = Record::projecting(
                 run_id.clone(),
@@ -536,20 +604,7 @@ mod tests {
     async fn a_full_store_fails_closed_and_frees_space_on_expiry() {
         let store = MemoryStore::bounded(1_000, 4_000);
         let now = clock::now_ms();
-        let run_id = RunId::parse("r").unwrap();
-        let run = NewRun {
-            run_id: run_id.clone(),
-            created_ms: now,
-            deadline_ms: now + 500,
-            budget: Budget {
-                max_calls: 1000,
-                max_calls_per_tool: Default::default(),
-                max_record_bytes: 1 << 20,
-            },
-            tools: None,
-            paths: Default::default(),
-        };
-        store.create_run(run).await.unwrap();
+        let run_id = create_run(&store, now, 1000).await;
         let record = |id: &str| {
             Record::projecting(
                 run_id.clone(),
