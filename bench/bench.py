@@ -447,7 +447,7 @@ def round_trips(path, redis, seconds, calls):
 def live_records(args, procs, workdir, tool, rounds, lat_s, rps, log):
     """The memory store's latency while it holds `args.live_records` live records: a toolgate of
     its own whose records outlive the phase is filled at 32 connections, then measured at 4
-    connections as the latency rounds are, and stopped (it holds about a GiB). wrk runs for its
+    connections as the latency rounds are, and stopped (it holds a few GiB). wrk runs for its
     whole duration even when its threads stop early, so the fill lasts what the memory path's
     throughput (`rps`) says it needs, with a margin, and stops at the count."""
     name = "toolgate-memory-live"
