@@ -1,17 +1,35 @@
 //! Compact JSON in one pass: a tool's raw bytes validated and rewritten as the compact UTF-8
 //! text the record holds, byte for byte what serde_json writes for the value it would parse,
-//! without building the value.
+//! without building the value. The same pass can find the value a JSON Pointer selects (and
+//! the items of that value, for an array), so the projection cuts the agent's result out of
+//! the text without reading it again.
 //!
 //! The pass is iterative (an explicit stack, no recursion). Whenever the text holds something
 //! whose rendering this pass does not reproduce itself (an object with a repeated key, nesting
 //! serde_json refuses, a string escape it would reject), [`compact`] gives up with `None` and
 //! the caller takes the parse-and-serialize path, so the result never differs from serde_json's.
 
+use std::ops::Range;
+
 /// serde_json refuses nesting this deep (its recursion limit), so the pass stops there too.
 const SERDE_DEPTH_LIMIT: usize = 128;
 /// An object with more keys than this is left to serde_json: repeated keys are found by
 /// comparing each key with the earlier ones.
 const MAX_KEYS_CHECKED: usize = 64;
+
+/// Bytes a string's plain run stops at: the quote, the backslash and the control characters
+/// (which serde_json refuses raw).
+const STOPS: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        t[b] = true;
+        b += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
 
 /// A JSON text in compact form, as serde_json serializes its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,109 +39,283 @@ pub struct Compact {
     pub json: String,
     /// How deeply arrays and objects nest (the measure of [`crate::body::json_depth`]).
     pub depth: usize,
+    /// What the [`Select`] given to [`compact_selecting`] selects, if it resolves.
+    pub selected: Option<Selected>,
+}
+
+/// A JSON Pointer, split into its tokens once (at config load), for [`compact_selecting`];
+/// `keep` is how many items of a selected array to give the ranges of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Select {
+    tokens: Vec<Token>,
+    keep: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Token {
+    /// The member name it selects in an object (`~1` and `~0` decoded).
+    key: String,
+    /// The index it selects in an array, when it is one as serde_json reads it: decimal, no
+    /// sign, no leading zero.
+    index: Option<usize>,
+}
+
+impl Select {
+    /// `pointer` resolved as `serde_json::Value::pointer` resolves it; `None` when it is not a
+    /// pointer (neither empty nor starting with `/`).
+    pub fn new(pointer: &str, keep: usize) -> Option<Select> {
+        let tokens = if pointer.is_empty() {
+            Vec::new()
+        } else {
+            pointer
+                .strip_prefix('/')?
+                .split('/')
+                .map(|t| {
+                    let key = t.replace("~1", "/").replace("~0", "~");
+                    let index = (!(t.starts_with('+') || (t.starts_with('0') && t.len() != 1)))
+                        .then(|| t.parse().ok())
+                        .flatten();
+                    Token { key, index }
+                })
+                .collect()
+        };
+        Some(Select { tokens, keep })
+    }
+}
+
+/// Where the selected value is in [`Compact::json`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selected {
+    pub range: Range<usize>,
+    /// For an array: how many items it has.
+    pub total: usize,
+    /// For an array: the ranges of its first `keep` items.
+    pub items: Vec<Range<usize>>,
 }
 
 enum Frame {
-    Array,
+    /// An array, and the index of the item being read.
+    Array(usize),
     /// An object, and where its keys' ranges start in the key list.
     Object(usize),
+}
+
+/// Where a pass is in its search for the selected value.
+struct Search<'s> {
+    select: &'s Select,
+    /// How many of the open containers (from the outermost) are on the pointer's path.
+    on_path: usize,
+    /// Where the selected value starts, once it has.
+    start: Option<usize>,
+    /// Whether the selected value is an array, and where its current item starts.
+    array: bool,
+    item: usize,
+    total: usize,
+    items: Vec<Range<usize>>,
+    found: Option<Selected>,
+}
+
+impl Search<'_> {
+    /// Whether a value that starts `depth` containers deep needs [`Search::value_starts`].
+    fn looks_at(&self, depth: usize) -> bool {
+        self.found.is_none() && depth == self.on_path
+    }
+
+    /// A value starts at `at` in the output, `depth` containers deep (its first byte
+    /// `first`): whether it is the next value on the pointer's path. If it is the selected
+    /// value, it starts here; if it is an item of the selected array, the item does.
+    fn value_starts(&mut self, depth: usize, at: usize, first: u8, parent: Option<Parent<'_>>) {
+        let n = self.select.tokens.len();
+        if self.start.is_some() {
+            if depth == n + 1 && self.array {
+                self.item = at;
+            }
+            return;
+        }
+        if depth > n {
+            return;
+        }
+        let on_path = match parent {
+            None => true,
+            Some(Parent::Array(i)) => self.select.tokens[depth - 1].index == Some(i),
+            Some(Parent::Object(key)) => is_key(key, &self.select.tokens[depth - 1].key),
+        };
+        if !on_path {
+            return;
+        }
+        if depth == n {
+            self.start = Some(at);
+            self.array = first == b'[';
+        }
+        if matches!(first, b'{' | b'[') {
+            self.on_path = depth + 1;
+        }
+    }
+
+    /// The value `depth` containers deep ended at `at`, and the bytes after it were skipped.
+    fn value_ends(&mut self, depth: usize, at: usize) {
+        let n = self.select.tokens.len();
+        if self.found.is_some() {
+            return;
+        }
+        if depth == n + 1 && self.array && self.start.is_some() && self.on_path == n + 1 {
+            self.total += 1;
+            if self.items.len() < self.select.keep {
+                self.items.push(self.item..at);
+            }
+        } else if depth == n
+            && let Some(start) = self.start
+        {
+            self.found = Some(Selected {
+                range: start..at,
+                total: self.total,
+                items: std::mem::take(&mut self.items),
+            });
+        }
+        self.on_path = self.on_path.min(depth);
+    }
+}
+
+/// The container of a value, as the search sees it.
+enum Parent<'a> {
+    Array(usize),
+    /// An object, and the (quoted, compact) key of the value.
+    Object(&'a str),
 }
 
 /// The compact form of `input`, or `None` when it is not JSON or holds something best left to
 /// serde_json (see the module's comment).
 pub fn compact(input: &[u8]) -> Option<Compact> {
+    compact_selecting(input, None)
+}
+
+/// [`compact`], finding on the way what `select` selects.
+pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compact> {
     let text = std::str::from_utf8(input).ok()?;
-    let bytes = text.as_bytes();
     let mut w = Writer {
-        input: bytes,
+        text,
+        input: text.as_bytes(),
         pos: 0,
-        out: Vec::with_capacity(bytes.len()),
+        out: String::with_capacity(text.len()),
     };
+    let mut search = select.map(|select| Search {
+        select,
+        on_path: 0,
+        start: None,
+        array: false,
+        item: 0,
+        total: 0,
+        items: Vec::new(),
+        found: None,
+    });
     let mut stack: Vec<Frame> = Vec::new();
     // The output ranges of the keys of every open object, to find a repeated key.
     let mut keys: Vec<(usize, usize)> = Vec::new();
     let mut depth = 0;
     'value: loop {
         w.skip_ws();
+        if let Some(s) = &mut search
+            && s.looks_at(stack.len())
+        {
+            let parent = match stack.last() {
+                None => None,
+                Some(&Frame::Array(i)) => Some(Parent::Array(i)),
+                Some(&Frame::Object(_)) => {
+                    let &(start, end) = keys.last()?;
+                    Some(Parent::Object(&w.out[start..end]))
+                }
+            };
+            s.value_starts(stack.len(), w.out.len(), w.peek()?, parent);
+        }
         match w.peek()? {
             b'{' => {
                 w.open(&mut stack, &mut depth, Frame::Object(keys.len()))?;
-                w.out.push(b'{');
+                w.out.push('{');
                 w.skip_ws();
-                if w.peek()? == b'}' {
-                    w.pos += 1;
-                    w.out.push(b'}');
-                    stack.pop();
-                } else {
+                if w.peek()? != b'}' {
                     let first = keys.len();
                     w.key(&mut keys, first)?;
                     continue 'value;
                 }
+                w.pos += 1;
+                w.out.push('}');
+                stack.pop();
             }
             b'[' => {
-                w.open(&mut stack, &mut depth, Frame::Array)?;
-                w.out.push(b'[');
+                w.open(&mut stack, &mut depth, Frame::Array(0))?;
+                w.out.push('[');
                 w.skip_ws();
-                if w.peek()? == b']' {
-                    w.pos += 1;
-                    w.out.push(b']');
-                    stack.pop();
-                } else {
+                if w.peek()? != b']' {
                     continue 'value;
                 }
+                w.pos += 1;
+                w.out.push(']');
+                stack.pop();
             }
             b'"' => w.string()?,
-            b't' => w.literal(b"true")?,
-            b'f' => w.literal(b"false")?,
-            b'n' => w.literal(b"null")?,
+            b't' => w.literal("true")?,
+            b'f' => w.literal("false")?,
+            b'n' => w.literal("null")?,
             b'-' | b'0'..=b'9' => w.number()?,
             _ => return None,
+        }
+        if let Some(s) = &mut search {
+            s.value_ends(stack.len(), w.out.len());
         }
         // After a value: the next one in its container, or the container's end.
         loop {
             w.skip_ws();
-            match stack.last() {
+            match stack.last_mut() {
                 None => {
-                    if w.pos != bytes.len() {
+                    if w.pos != w.input.len() {
                         return None;
                     }
-                    let json = String::from_utf8(w.out).ok()?;
-                    return Some(Compact { json, depth });
+                    return Some(Compact {
+                        json: w.out,
+                        depth,
+                        selected: search.and_then(|s| s.found),
+                    });
                 }
-                Some(Frame::Array) => match w.next()? {
+                Some(Frame::Array(index)) => match w.next()? {
                     b',' => {
-                        w.out.push(b',');
+                        *index += 1;
+                        w.out.push(',');
                         continue 'value;
                     }
                     b']' => {
-                        w.out.push(b']');
+                        w.out.push(']');
                         stack.pop();
                     }
                     _ => return None,
                 },
-                Some(&Frame::Object(first_key)) => match w.next()? {
+                Some(&mut Frame::Object(first_key)) => match w.next()? {
                     b',' => {
-                        w.out.push(b',');
+                        w.out.push(',');
                         w.skip_ws();
                         w.key(&mut keys, first_key)?;
                         continue 'value;
                     }
                     b'}' => {
-                        w.out.push(b'}');
+                        w.out.push('}');
                         keys.truncate(first_key);
                         stack.pop();
                     }
                     _ => return None,
                 },
             }
+            if let Some(s) = &mut search {
+                s.value_ends(stack.len(), w.out.len());
+            }
         }
     }
 }
 
 struct Writer<'a> {
+    text: &'a str,
+    /// `text`'s bytes.
     input: &'a [u8],
     pos: usize,
-    out: Vec<u8>,
+    out: String,
 }
 
 impl Writer<'_> {
@@ -153,12 +345,12 @@ impl Writer<'_> {
         Some(())
     }
 
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        if !self.input[self.pos..].starts_with(word) {
+    fn literal(&mut self, word: &str) -> Option<()> {
+        if !self.input[self.pos..].starts_with(word.as_bytes()) {
             return None;
         }
         self.pos += word.len();
-        self.out.extend_from_slice(word);
+        self.out.push_str(word);
         Some(())
     }
 
@@ -175,8 +367,9 @@ impl Writer<'_> {
         if earlier.len() >= MAX_KEYS_CHECKED {
             return None;
         }
-        let this = &self.out[start..end];
-        if earlier.iter().any(|&(s, e)| &self.out[s..e] == this) {
+        let out = self.out.as_bytes();
+        let this = &out[start..end];
+        if earlier.iter().any(|&(s, e)| &out[s..e] == this) {
             return None;
         }
         keys.push((start, end));
@@ -184,30 +377,31 @@ impl Writer<'_> {
         if self.next()? != b':' {
             return None;
         }
-        self.out.push(b':');
+        self.out.push(':');
         Some(())
     }
 
     /// A string, escapes decoded and written again the way serde_json writes them.
     fn string(&mut self) -> Option<()> {
+        // Copied a run at a time: from the quote (or the last escape) to the next stop byte.
+        // Every run starts and ends next to an ASCII byte, so it is whole UTF-8.
+        let mut run = self.pos;
         self.pos += 1;
-        self.out.push(b'"');
         loop {
-            // Copy the run of bytes that need nothing done: up to the next quote or backslash
-            // (memchr), which must hold no raw control character (serde_json refuses one).
-            let rest = &self.input[self.pos..];
-            let run = memchr::memchr2(b'"', b'\\', rest)?;
-            if has_control(&rest[..run]) {
-                return None;
-            }
-            self.out.extend_from_slice(&rest[..run]);
-            self.pos += run;
-            match self.next()? {
+            self.pos += plain_run(&self.input[self.pos..])?;
+            match self.input[self.pos] {
                 b'"' => {
-                    self.out.push(b'"');
+                    self.pos += 1;
+                    self.out.push_str(&self.text[run..self.pos]);
                     return Some(());
                 }
-                b'\\' => self.escape()?,
+                b'\\' => {
+                    self.out.push_str(&self.text[run..self.pos]);
+                    self.pos += 1;
+                    self.escape()?;
+                    run = self.pos;
+                }
+                // A raw control character: serde_json refuses it.
                 _ => return None,
             }
         }
@@ -263,29 +457,27 @@ impl Writer<'_> {
     fn write_char(&mut self, c: char) {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         match c {
-            '"' => self.out.extend_from_slice(b"\\\""),
-            '\\' => self.out.extend_from_slice(b"\\\\"),
-            '\u{8}' => self.out.extend_from_slice(b"\\b"),
-            '\u{c}' => self.out.extend_from_slice(b"\\f"),
-            '\n' => self.out.extend_from_slice(b"\\n"),
-            '\r' => self.out.extend_from_slice(b"\\r"),
-            '\t' => self.out.extend_from_slice(b"\\t"),
+            '"' => self.out.push_str("\\\""),
+            '\\' => self.out.push_str("\\\\"),
+            '\u{8}' => self.out.push_str("\\b"),
+            '\u{c}' => self.out.push_str("\\f"),
+            '\n' => self.out.push_str("\\n"),
+            '\r' => self.out.push_str("\\r"),
+            '\t' => self.out.push_str("\\t"),
             c if (c as u32) < 0x20 => {
                 let b = c as usize;
-                self.out
-                    .extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[b >> 4], HEX[b & 0xF]]);
+                self.out.push_str("\\u00");
+                self.out.push(char::from(HEX[b >> 4]));
+                self.out.push(char::from(HEX[b & 0xF]));
             }
-            c => {
-                let mut buf = [0; 4];
-                self.out
-                    .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
+            c => self.out.push(c),
         }
     }
 
     /// A number. An integer that fits serde_json's i64/u64 is written as it came (JSON's
-    /// grammar allows only one spelling of it); anything else (fractions, exponents, `-0`,
-    /// integers past u64) is rendered by serde_json itself, token by token.
+    /// grammar allows only one spelling of it), and so is a decimal that serde_json prints as
+    /// it is spelled ([`prints_as_spelled`]); anything else (exponents, `-0`, integers past
+    /// u64, other fractions) is rendered by serde_json itself, token by token.
     fn number(&mut self) -> Option<()> {
         let start = self.pos;
         if self.peek() == Some(b'-') {
@@ -298,33 +490,47 @@ impl Writer<'_> {
             _ => return None,
         }
         let int_digits = self.pos - int_start;
-        let mut plain = true;
+        let mut fraction = None;
         if self.peek() == Some(b'.') {
             self.pos += 1;
+            let digits = self.pos;
             self.one_or_more_digits()?;
-            plain = false;
+            fraction = Some(digits..self.pos);
         }
+        let mut exponent = false;
         if let Some(b'e' | b'E') = self.peek() {
             self.pos += 1;
             if let Some(b'+' | b'-') = self.peek() {
                 self.pos += 1;
             }
             self.one_or_more_digits()?;
-            plain = false;
+            exponent = true;
         }
-        let token = &self.input[start..self.pos];
+        let token = &self.text[start..self.pos];
+        if let Some(fraction) = fraction.clone()
+            && !exponent
+            && prints_as_spelled(
+                &self.input[int_start..int_start + int_digits],
+                &self.input[fraction],
+            )
+        {
+            self.out.push_str(token);
+            return Some(());
+        }
+        let plain = fraction.is_none() && !exponent;
         let negative = int_start > start;
         let fits = if negative {
-            int_digits <= 18 && token != b"-0"
+            int_digits <= 18 && token != "-0"
         } else {
             int_digits <= 19
         };
         if plain && fits {
-            self.out.extend_from_slice(token);
+            self.out.push_str(token);
             return Some(());
         }
-        let n: serde_json::Number = serde_json::from_slice(token).ok()?;
-        serde_json::to_writer(&mut self.out, &n).ok()
+        let n: serde_json::Number = serde_json::from_str(token).ok()?;
+        self.out.push_str(&serde_json::to_string(&n).ok()?);
+        Some(())
     }
 
     fn digits(&mut self) {
@@ -344,10 +550,52 @@ impl Writer<'_> {
     }
 }
 
-/// Whether `bytes` holds a control character (below 0x20). Folded without an early exit, so
-/// the loop is vectorized.
-fn has_control(bytes: &[u8]) -> bool {
-    bytes.iter().fold(false, |seen, &b| seen | (b < 0x20))
+/// How many bytes at the start of `bytes` need nothing done in a string: up to the first
+/// quote, backslash or control character (`None`: the text ends first). Eight bytes at a
+/// time: a word holds one of those exactly when one of three byte-wise tests (a byte equal
+/// to `"`, equal to `\`, below 0x20) sets a high bit; the bytes are then looked at one by one.
+fn plain_run(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let word = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).ok()?);
+        let quote = word ^ (ONES * u64::from(b'"'));
+        let slash = word ^ (ONES * u64::from(b'\\'));
+        let flagged = (quote.wrapping_sub(ONES) & !quote)
+            | (slash.wrapping_sub(ONES) & !slash)
+            | (word.wrapping_sub(ONES * 0x20) & !word);
+        if flagged & HIGH != 0 {
+            break;
+        }
+        i += 8;
+    }
+    let rest = bytes.get(i..)?;
+    rest.iter()
+        .position(|&b| STOPS[usize::from(b)])
+        .map(|at| i + at)
+}
+
+/// Whether serde_json prints the decimal `int.frac` (no exponent) as it is spelled. It does
+/// when the decimal has at most 15 significant digits: an f64 tells every such decimal apart,
+/// so the shortest digits that read back as its nearest f64 (what serde_json's ryu prints)
+/// are the decimal's own. And ryu must print them the same way: in plain notation (from
+/// 1e-5 up: at most four zeros after `0.`), with no trailing zero except a lone `.0`.
+fn prints_as_spelled(int: &[u8], frac: &[u8]) -> bool {
+    let frac = if frac == b"0" { &[][..] } else { frac };
+    if frac.last() == Some(&b'0') {
+        return false;
+    }
+    let significant = if int == b"0" {
+        let zeros = frac.iter().take_while(|&&d| d == b'0').count();
+        if zeros > 4 {
+            return false;
+        }
+        frac.len() - zeros
+    } else {
+        int.len() + frac.len()
+    };
+    significant <= 15
 }
 
 /// The end of the value that starts at `at` in a compact text (one [`compact`] wrote).
@@ -687,6 +935,20 @@ mod tests {
             "-9223372036854775808",
             "-9223372036854775809",
             "123456789012345678901234567890",
+            "0.5",
+            "-12.25",
+            "0.00001",
+            "-0.000012",
+            "0.000001",
+            "1.50",
+            "100.0",
+            "0.0",
+            "0.10",
+            "123456789012345.6",
+            "1234567890123456.7",
+            "0.1234567890123456",
+            "9007199254740993.0",
+            "0.3333333333333333",
         ])
         .prop_map(String::from);
         let leaf = prop_oneof![
@@ -748,6 +1010,65 @@ mod tests {
         ] {
             let ours = pointer(&c, p).map(|s| serde_json::from_str::<Value>(s).unwrap());
             assert_eq!(ours.as_ref(), value.pointer(p), "{p}");
+            if p.is_empty() || p.starts_with('/') {
+                selects_what_pointer_finds(text, p, 1);
+            }
+        }
+    }
+
+    /// The pointers of every value in `value`, and a few that resolve nowhere.
+    fn pointers(value: &Value, at: String, out: &mut Vec<String>) {
+        match value {
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    pointers(v, format!("{at}/{i}"), out);
+                }
+                out.push(format!("{at}/{}", items.len()));
+                out.push(format!("{at}/00"));
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    pointers(
+                        v,
+                        format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                        out,
+                    );
+                }
+                out.push(format!("{at}/zz"));
+            }
+            _ => out.push(format!("{at}/0")),
+        }
+        out.push(at);
+    }
+
+    /// `compact_selecting` writes what `compact` writes, and selects what [`pointer`] finds
+    /// in that text: the same value and, for an array, its item count and first `keep` items.
+    fn selects_what_pointer_finds(text: &str, p: &str, keep: usize) {
+        let plain = compact(text.as_bytes());
+        let select = Select::new(p, keep).unwrap();
+        let ours = compact_selecting(text.as_bytes(), Some(&select));
+        assert_eq!(
+            ours.as_ref().map(|c| (&c.json, c.depth)),
+            plain.as_ref().map(|c| (&c.json, c.depth)),
+            "{text}"
+        );
+        let Some(c) = ours else { return };
+        let want = pointer(&c.json, p);
+        let got = c.selected.as_ref().map(|s| &c.json[s.range.clone()]);
+        assert_eq!(got, want, "{p} in {text}");
+        if let (Some(s), Some(want)) = (&c.selected, want) {
+            let want_items = if want.starts_with('[') {
+                items(want).unwrap()
+            } else {
+                Vec::new()
+            };
+            let got_items: Vec<&str> = s.items.iter().map(|r| &c.json[r.clone()]).collect();
+            assert_eq!(s.total, want_items.len(), "{p} in {text}");
+            assert_eq!(
+                got_items,
+                want_items[..keep.min(want_items.len())],
+                "{p} in {text}"
+            );
         }
     }
 
@@ -781,10 +1102,31 @@ mod tests {
         }
 
         #[test]
+        fn the_pass_selects_what_pointers_select(text in text(), keep in 0..4usize) {
+            let Some(c) = compact(text.as_bytes()) else { return Ok(()) };
+            let value: Value = serde_json::from_str(&c.json).unwrap();
+            let mut all = Vec::new();
+            pointers(&value, String::new(), &mut all);
+            for p in &all {
+                selects_what_pointer_finds(&text, p, keep);
+            }
+        }
+
+        #[test]
         fn compact_is_what_serde_json_writes(text in text()) {
             let ours = agrees(text.as_bytes());
             // Unique keys and shallow nesting: nothing is left to serde_json unless it fails.
             prop_assert_eq!(ours.is_some(), serde_compact(text.as_bytes()).is_some(), "{}", text);
+        }
+
+        #[test]
+        fn decimals_are_written_as_serde_json_writes_them(
+            negative in any::<bool>(),
+            int in prop_oneof![Just(String::from("0")), "[1-9][0-9]{0,17}"],
+            frac in "[0-9]{1,19}",
+        ) {
+            let text = format!("{}{int}.{frac}", if negative { "-" } else { "" });
+            prop_assert!(agrees(text.as_bytes()).is_some(), "{}", text);
         }
 
         #[test]

@@ -119,6 +119,22 @@ fn run(data: &[u8]) -> Result<()> {
             "the result changed on the way"
         );
     }
+    // The projection cut out of the compact text, searched for or found by the compacting
+    // pass, is those same bytes.
+    let raw_text = serde_json::to_vec(&raw).expect("the raw value serializes");
+    let plan = projection.plan().expect("the pointers are pointers");
+    if let Some(c) = toolgate::compact::compact_selecting(&raw_text, Some(&plan)) {
+        let searched = projection.project_text(&c.json);
+        let found = c
+            .selected
+            .as_ref()
+            .and_then(|s| projection.project_selected(&c.json, s));
+        assert_eq!(searched, found, "the pass and the search disagree");
+        if let Some(text) = searched {
+            assert_eq!(projected.evidence, Evidence::Found);
+            assert_eq!(text.as_bytes(), json, "the text projection differs");
+        }
+    }
     Ok(())
 }
 

@@ -207,6 +207,7 @@ async fn answer(
                 why: format!("MCP upstream status {status}"),
             }),
             raw_json: None,
+            selected: None,
         });
     }
     let message = if is_stream {
@@ -224,6 +225,7 @@ async fn answer(
         status,
         raw,
         raw_json: None,
+        selected: None,
     })
 }
 

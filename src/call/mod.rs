@@ -358,6 +358,7 @@ async fn execute(
         auth: tool.upstream_auth.as_ref(),
         raw_bytes: tool.limits.raw_bytes,
         json_depth: tool.limits.json_depth,
+        select: Some(&tool.select),
     };
     let started = Instant::now();
     let answered = tokio::select! {
@@ -386,6 +387,7 @@ async fn execute(
     };
     let status = reply.status;
     let raw_json = reply.raw_json;
+    let selected = reply.selected;
     let raw = match reply.raw {
         Ok(raw) => raw,
         // Kept for the harness only: the agent never sees it.
@@ -408,7 +410,10 @@ async fn execute(
     // evidence; otherwise (or for a tool whose answer came as a tree) the projection runs on
     // a tree, which it may take apart since the record keeps the text.
     if let Some(text) = &raw_json
-        && let Some(agent_json) = tool.projection.project_text(text)
+        && let Some(agent_json) = match &selected {
+            Some(selected) => tool.projection.project_selected(text, selected),
+            None => tool.projection.project_text(text),
+        }
     {
         if agent_json.len() as u64 > tool.limits.agent_bytes {
             return failed(Error::too_large(SizeStage::Agent), Value::Null, raw_json);

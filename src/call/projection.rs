@@ -73,25 +73,53 @@ impl Projection {
     /// selection is null, empty or unresolved: the tree path decides those.
     pub fn project_text(&self, raw: &str) -> Option<String> {
         let selected = compact::pointer(raw, &self.select)?;
+        let items = match selected.as_bytes().first() {
+            Some(b'[') => compact::items(selected)?,
+            _ => Vec::new(),
+        };
+        self.shape_text(selected, &items, items.len())
+    }
+
+    /// [`Projection::project_text`] with the selection the compacting pass found
+    /// ([`compact::compact_selecting`] with this projection's [`compact::Select`]), so
+    /// nothing of `raw` is read again but what the result copies.
+    pub fn project_selected(&self, raw: &str, selected: &compact::Selected) -> Option<String> {
+        let text = raw.get(selected.range.clone())?;
+        let items = selected
+            .items
+            .iter()
+            .map(|r| raw.get(r.clone()))
+            .collect::<Option<Vec<&str>>>()?;
+        self.shape_text(text, &items, selected.total)
+    }
+
+    /// The plan of [`Projection::project_text`]'s result: `select` with `max_items` as the
+    /// [`compact::Select`] of the compacting pass.
+    pub fn plan(&self) -> Option<compact::Select> {
+        compact::Select::new(&self.select, self.max_items.unwrap_or(usize::MAX))
+    }
+
+    /// The result made of the selected value's text; for an array, `items` holds (at least)
+    /// the texts of the items kept, of `total`.
+    fn shape_text(&self, selected: &str, items: &[&str], total: usize) -> Option<String> {
         let keys = self.fields.as_deref();
         let mut out = String::with_capacity(selected.len() + 32);
         match selected.as_bytes().first()? {
             b'n' => return None,
             b'[' => {
-                let items = compact::items(selected)?;
-                if items.is_empty() {
+                if total == 0 {
                     return None;
                 }
-                let keep = self.max_items.unwrap_or(items.len()).min(items.len());
+                let keep = self.max_items.unwrap_or(total).min(total);
                 out.push_str("{\"items\":[");
-                for (i, item) in items[..keep].iter().enumerate() {
+                for (i, item) in items.get(..keep)?.iter().enumerate() {
                     if i > 0 {
                         out.push(',');
                     }
                     keep_fields_text(&mut out, keys, item)?;
                 }
                 out.push_str("],\"total_items\":");
-                out.push_str(&items.len().to_string());
+                out.push_str(&total.to_string());
                 out.push('}');
             }
             _ => {
@@ -316,6 +344,15 @@ mod tests {
                 select: "/a~1b/0".into(),
                 ..Projection::default()
             },
+            Projection {
+                max_items: Some(2),
+                ..search()
+            },
+            Projection {
+                select: "/results".into(),
+                max_items: Some(9),
+                fields: fields(&["url", "title"]),
+            },
         ];
         let raws = [
             r#"{"results":[{"title":"a","url":"u","é\"k":1},{"url":"v"},3,{"title":"c"}]}"#,
@@ -333,6 +370,19 @@ mod tests {
                 let compact = compact::compact(raw.as_bytes()).unwrap().json;
                 let tree: Value = serde_json::from_str(raw).unwrap();
                 let by_tree = projection.project("t", &input, &tree);
+                // What the compacting pass found gives the same text as searching it.
+                let plan = projection.plan().unwrap();
+                let pass = compact::compact_selecting(raw.as_bytes(), Some(&plan)).unwrap();
+                assert_eq!(pass.json, compact);
+                let from_pass = pass
+                    .selected
+                    .as_ref()
+                    .and_then(|s| projection.project_selected(&pass.json, s));
+                assert_eq!(
+                    from_pass,
+                    projection.project_text(&compact),
+                    "{raw} {projection:?}"
+                );
                 match projection.project_text(&compact) {
                     Some(text) => {
                         let p = by_tree.unwrap();

@@ -35,6 +35,8 @@ pub struct ToolRequest<'a> {
     pub raw_bytes: u64,
     /// A raw response nested deeper than this is a failure, and is not kept.
     pub json_depth: usize,
+    /// What the projection selects, found while the answer is compacted.
+    pub select: Option<&'a compact::Select>,
 }
 
 /// A tool's answer, read completely and within the cap.
@@ -45,6 +47,8 @@ pub struct Reply {
     /// The raw response as compact JSON, when it was kept as text; `raw` is then `Ok(null)`
     /// and the tree, if one is needed, is parsed from this text.
     pub raw_json: Option<String>,
+    /// Where `raw_json` holds what the request's `select` selects, when the pass found it.
+    pub selected: Option<compact::Selected>,
 }
 
 /// A tool that answered, but with a failure: a non-2xx status, a body that is not JSON, an MCP
@@ -158,19 +162,21 @@ impl Upstream {
         let body = read_body(response, req.raw_bytes).await?;
         // The usual answer: compacted in one pass and kept as that text.
         if (200..300).contains(&status)
-            && let Some(compact) = compact::compact(&body)
+            && let Some(compact) = compact::compact_selecting(&body, req.select)
         {
             if compact.depth > req.json_depth {
                 return Ok(Reply {
                     status,
                     raw: Err(too_deep()),
                     raw_json: None,
+                    selected: None,
                 });
             }
             return Ok(Reply {
                 status,
                 raw: Ok(Value::Null),
                 raw_json: Some(compact.json),
+                selected: compact.selected,
             });
         }
         if json_depth(&body) > req.json_depth {
@@ -178,6 +184,7 @@ impl Upstream {
                 status,
                 raw: Err(too_deep()),
                 raw_json: None,
+                selected: None,
             });
         }
         let raw = match serde_json::from_slice::<Value>(&body) {
@@ -195,6 +202,7 @@ impl Upstream {
             status,
             raw,
             raw_json: None,
+            selected: None,
         })
     }
 }

@@ -449,6 +449,8 @@ pub struct Tool {
     pub schema: Option<jsonschema::Validator>,
     pub limits: Limits,
     pub projection: Projection,
+    /// `projection` as the compacting pass resolves it, made once at load.
+    pub select: crate::compact::Select,
     /// Shown in MCP `tools/list`.
     pub description: String,
     /// `Authorization: Bearer <upstream_token_file>`, sent to this tool's upstream only. Marked
@@ -1017,6 +1019,14 @@ impl RawTool {
             Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
         };
         let spans = crate::call::trace::ToolSpans::new(name.as_ref(), &upstream, &protocol);
+        let projection = Projection {
+            select,
+            max_items: self.projection.max_items,
+            fields: self.projection.fields,
+        };
+        let plan = projection.plan().ok_or_else(|| {
+            ConfigError(format!("{}: not a JSON Pointer", key("projection.select")))
+        })?;
         Ok(Tool {
             limits: self.limits.resolve(&key("limits"), base)?,
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
@@ -1026,11 +1036,8 @@ impl RawTool {
             read_only: self.read_only,
             input_schema: self.input_schema,
             schema,
-            projection: Projection {
-                select,
-                max_items: self.projection.max_items,
-                fields: self.projection.fields,
-            },
+            select: plan,
+            projection,
             description: self.description.unwrap_or_default(),
             upstream_auth,
             upstream_token_file: self.upstream_token_file,
