@@ -61,26 +61,64 @@ pub fn now_ms() -> u64 {
 /// so the digits are written into a fixed template rather than through `format!`.
 pub fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;
+    match stamp::<24>(secs, ms % 1000) {
+        Some(text) => std::str::from_utf8(&text).unwrap_or_default().to_owned(),
+        None => {
+            let (days, rem) = (secs / 86_400, secs % 86_400);
+            let (y, m, d) = civil_from_days(days as i64);
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                rem / 3600,
+                rem / 60 % 60,
+                rem % 60,
+                ms % 1000
+            )
+        }
+    }
+}
+
+/// Appends the wall clock's time now as log lines carry it, `2026-11-29T22:03:04.123456Z`
+/// (microseconds, as tracing-subscriber's `SystemTime` timer writes it). `false`, with nothing
+/// written, for a year outside 0–9999, which that timer writes differently.
+pub fn push_log_time(out: &mut String) -> bool {
+    let now = wall();
+    match stamp::<27>(now.as_secs(), u64::from(now.subsec_micros())) {
+        Some(text) => {
+            out.push_str(std::str::from_utf8(&text).unwrap_or_default());
+            true
+        }
+        None => false,
+    }
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS.` then `fraction` in the `N - 21` digits
+/// left before a closing `Z`; `None` for a year outside 0–9999.
+fn stamp<const N: usize>(secs: u64, fraction: u64) -> Option<[u8; N]> {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     if !(0..=9999).contains(&y) {
-        return format!(
-            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-            rem / 3600,
-            rem / 60 % 60,
-            rem % 60,
-            ms % 1000
-        );
+        return None;
     }
-    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut out = [b'0'; N];
+    for (at, sep) in [
+        (4, b'-'),
+        (7, b'-'),
+        (10, b'T'),
+        (13, b':'),
+        (16, b':'),
+        (19, b'.'),
+    ] {
+        out[at] = sep;
+    }
+    out[N - 1] = b'Z';
     digits(&mut out[0..4], y as u64);
     digits(&mut out[5..7], u64::from(m));
     digits(&mut out[8..10], u64::from(d));
     digits(&mut out[11..13], rem / 3600);
     digits(&mut out[14..16], rem / 60 % 60);
     digits(&mut out[17..19], rem % 60);
-    digits(&mut out[20..23], ms % 1000);
-    out.iter().map(|&b| char::from(b)).collect()
+    digits(&mut out[20..N - 1], fraction);
+    Some(out)
 }
 
 /// Writes `v` as exactly `out.len()` decimal digits, zero-padded.

@@ -1,6 +1,8 @@
-//! The log line: one JSON object per event, written straight into the line buffer with the
-//! fields, names and order of tracing-subscriber's flattened JSON format, without building a
-//! serde map for every event (the per-call line is on every call's path).
+//! The log line: one JSON object per event, with the fields, names and order of
+//! tracing-subscriber's flattened JSON format, without building a serde map for every event
+//! (the per-call line is on every call's path). The line is put together in a buffer of its
+//! own with plain string pushes, the timestamp from a fixed template, and handed to the writer
+//! in one write.
 //!
 //! An event inside a span, or one forwarded from the `log` crate, is left to that stock
 //! format, which knows how to print spans and normalized `log` metadata.
@@ -48,7 +50,7 @@ impl<S, N, T> FormatEvent<S, N> for JsonLines<T>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'w> FormatFields<'w> + 'static,
-    T: FormatTime,
+    T: LineTime,
 {
     fn format_event(
         &self,
@@ -65,22 +67,45 @@ where
         if in_span || meta.target() == "log" {
             return self.stock.format_event(ctx, writer, event);
         }
-        let mut timestamp = String::new();
-        self.timer.format_time(&mut Writer::new(&mut timestamp))?;
-        writer.write_str("{\"timestamp\":")?;
-        escaped(&mut writer, &timestamp)?;
-        writer.write_str(",\"level\":\"")?;
-        writer.write_str(meta.level().as_str())?;
-        writer.write_char('"')?;
+        let mut line = String::with_capacity(LINE_CAPACITY);
+        line.push_str("{\"timestamp\":\"");
+        if !self.timer.push_now(&mut line) {
+            let mut timestamp = String::new();
+            self.timer.format_time(&mut Writer::new(&mut timestamp))?;
+            escaped_body(&mut line, &timestamp)?;
+        }
+        line.push_str("\",\"level\":\"");
+        line.push_str(meta.level().as_str());
+        line.push('"');
         let mut fields = Fields {
-            out: &mut writer,
+            out: &mut line,
             result: Ok(()),
         };
         event.record(&mut fields);
         fields.result?;
-        writer.write_str(",\"target\":")?;
-        escaped(&mut writer, meta.target())?;
-        writer.write_str("}\n")
+        line.push_str(",\"target\":");
+        escaped(&mut line, meta.target())?;
+        line.push_str("}\n");
+        writer.write_str(&line)
+    }
+}
+
+/// Room for a typical line, so the buffer is allocated once.
+const LINE_CAPACITY: usize = 384;
+
+/// A log timer that can write the time now straight into a line.
+pub trait LineTime: FormatTime {
+    /// Appends the time now and returns `true`, or returns `false` to have
+    /// [`FormatTime::format_time`] write it.
+    fn push_now(&self, _line: &mut String) -> bool {
+        false
+    }
+}
+
+impl LineTime for SystemTime {
+    /// The template of [`crate::clock::push_log_time`]: the same text as this timer's.
+    fn push_now(&self, line: &mut String) -> bool {
+        crate::clock::push_log_time(line)
     }
 }
 
@@ -111,11 +136,15 @@ impl<W: Write> Visit for Fields<'_, W> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.entry(field, |out| write!(out, "{value}"));
+        self.entry(field, |out| {
+            out.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.entry(field, |out| write!(out, "{value}"));
+        self.entry(field, |out| {
+            out.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
@@ -147,6 +176,12 @@ impl<W: Write> Write for Escaping<'_, W> {
     }
 }
 
+/// Appends `s` as a JSON string, escaped as serde_json escapes it.
+pub fn push_json_string(out: &mut String, s: &str) {
+    // Writing to a String cannot fail.
+    let _ = escaped(out, s);
+}
+
 /// `s` as a JSON string, escaped as serde_json escapes it.
 fn escaped(out: &mut impl Write, s: &str) -> fmt::Result {
     out.write_char('"')?;
@@ -157,8 +192,13 @@ fn escaped(out: &mut impl Write, s: &str) -> fmt::Result {
 /// `s` escaped as inside a JSON string, without the quotes.
 fn escaped_body(out: &mut impl Write, s: &str) -> fmt::Result {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    // Most values (ids, names, codes) need no escape: one scan, one write.
-    let Some(first) = s.bytes().position(|b| b < 0x20 || b == b'"' || b == b'\\') else {
+    // Most values (ids, names, codes) need no escape: one scan (without an early exit, so it
+    // is vectorized), one write.
+    let plain = |b: u8| b >= 0x20 && b != b'"' && b != b'\\';
+    if s.bytes().fold(true, |all, b| all & plain(b)) {
+        return out.write_str(s);
+    }
+    let Some(first) = s.bytes().position(|b| !plain(b)) else {
         return out.write_str(s);
     };
     out.write_str(&s[..first])?;
@@ -216,6 +256,28 @@ mod tests {
         }
     }
 
+    impl LineTime for Fixed {}
+
+    #[test]
+    fn the_time_template_writes_what_the_system_timer_writes() {
+        // Read back to back until both land in the same second; the fractions differ.
+        for _ in 0..100 {
+            let mut stock = String::new();
+            SystemTime
+                .format_time(&mut Writer::new(&mut stock))
+                .unwrap();
+            let mut ours = String::new();
+            assert!(SystemTime.push_now(&mut ours));
+            assert_eq!(ours.len(), stock.len(), "{ours} {stock}");
+            let shape = |t: &str| t.bytes().map(|b| b.is_ascii_digit()).collect::<Vec<_>>();
+            assert_eq!(shape(&ours), shape(&stock), "{ours} {stock}");
+            if ours[..20] == stock[..20] {
+                return;
+            }
+        }
+        panic!("the two timers never agreed on the second");
+    }
+
     fn events() {
         let cause = String::from("tool said \"no\"\n\u{1}é\\");
         tracing::info!(
@@ -240,6 +302,15 @@ mod tests {
     fn captured(sub: impl Subscriber + Send + Sync, sink: &Sink) -> String {
         tracing::subscriber::with_default(sub, events);
         String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn strings_are_escaped_as_serde_json_escapes_them(s in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}])*") {
+            let mut ours = String::new();
+            push_json_string(&mut ours, &s);
+            proptest::prop_assert_eq!(ours, serde_json::to_string(&s).unwrap());
+        }
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl Framing {
                 | State::ChunkEnd
                 | State::Trailers => {
                     // Line-oriented states: collect up to the end of a line (or the head).
-                    let Some(end) = bytes.iter().position(|b| *b == b'\n') else {
+                    let Some(end) = memchr::memchr(b'\n', bytes) else {
                         self.push(bytes);
                         return found;
                     };
@@ -240,13 +240,15 @@ fn body_framing(head: &[u8]) -> (Option<u64>, bool, bool) {
             continue;
         };
         let name = &line[..colon];
-        let value = String::from_utf8_lossy(&line[colon + 1..]);
-        let value = value.trim();
+        // Only the two framing headers' values are read.
+        let value = || String::from_utf8_lossy(&line[colon + 1..]);
         if name.eq_ignore_ascii_case(b"content-length") {
             has_length = true;
-            length = value.parse().ok();
+            length = value().trim().parse().ok();
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             has_te = true;
+            let value = value();
+            let value = value.trim();
             chunked = value
                 .rsplit(',')
                 .next()

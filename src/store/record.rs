@@ -130,52 +130,92 @@ impl Record {
     fn write_json(&self, stripped: bool) -> Result<String> {
         let raw_len = self.raw_json.as_ref().map_or(0, String::len)
             + self.agent_json.as_ref().map_or(0, String::len);
-        let mut out = Vec::with_capacity(512 + if stripped { 0 } else { raw_len });
+        let mut out = String::with_capacity(512 + if stripped { 0 } else { raw_len });
+        // Each small field is serialized here and checked as UTF-8 on its own; the large
+        // texts kept as strings are appended as they are.
+        let mut scratch = Vec::with_capacity(128);
         let (status, evidence, error_code) = if stripped {
             let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
             (Status::Error, Some(Evidence::Error), Some(code))
         } else {
             (self.status, self.evidence_status, self.error_code)
         };
-        let w = &mut out;
-        field(w, "{\"schema\":", &self.schema)?;
-        field(w, ",\"run_id\":", &self.run_id)?;
-        field(w, ",\"tool_call_id\":", &self.tool_call_id)?;
-        field(w, ",\"tool\":", &self.tool)?;
-        field(w, ",\"status\":", &status)?;
-        field(w, ",\"evidence_status\":", &evidence)?;
-        field(w, ",\"request\":", &self.request)?;
-        field(w, ",\"agent_input\":", &self.agent_input)?;
+        let w = &mut Fields {
+            out: &mut out,
+            scratch: &mut scratch,
+        };
+        w.number("{\"schema\":", Some(u64::from(self.schema)));
+        w.text(",\"run_id\":", Some(self.run_id.as_str()));
+        w.text(",\"tool_call_id\":", Some(self.tool_call_id.as_str()));
+        w.text(",\"tool\":", Some(self.tool.as_str()));
+        w.text(",\"status\":", Some(status.as_str()));
+        w.text(",\"evidence_status\":", evidence.map(Evidence::as_str));
+        w.value(",\"request\":", &self.request)?;
+        w.value(",\"agent_input\":", &self.agent_input)?;
         match (&self.raw_json, stripped) {
-            (_, true) => field(w, ",\"raw_response\":", &())?,
+            (_, true) => w.text(",\"raw_response\":", None),
             (Some(raw), false) => {
-                w.extend_from_slice(b",\"raw_response\":");
-                w.extend_from_slice(raw.as_bytes());
+                w.out.push_str(",\"raw_response\":");
+                w.out.push_str(raw);
             }
-            (None, false) => field(w, ",\"raw_response\":", &self.raw_response)?,
+            (None, false) => w.value(",\"raw_response\":", &self.raw_response)?,
         }
         match (&self.agent_json, stripped) {
-            (_, true) => field(w, ",\"agent_result\":", &())?,
+            (_, true) => w.text(",\"agent_result\":", None),
             (Some(result), false) => {
-                w.extend_from_slice(b",\"agent_result\":");
-                w.extend_from_slice(result.as_bytes());
+                w.out.push_str(",\"agent_result\":");
+                w.out.push_str(result);
             }
-            (None, false) => field(w, ",\"agent_result\":", &self.agent_result)?,
+            (None, false) => w.value(",\"agent_result\":", &self.agent_result)?,
         }
-        field(w, ",\"error_code\":", &error_code)?;
-        field(w, ",\"upstream_status\":", &self.upstream_status)?;
-        field(w, ",\"created_at\":", &self.created_at)?;
-        field(w, ",\"updated_at\":", &self.updated_at)?;
-        field(w, ",\"duration_ms\":", &self.duration_ms)?;
-        w.push(b'}');
-        String::from_utf8(out).map_err(Error::internal)
+        w.text(",\"error_code\":", error_code.map(CodeName::as_str));
+        w.number(",\"upstream_status\":", self.upstream_status.map(u64::from));
+        w.text(",\"created_at\":", Some(&self.created_at));
+        w.text(",\"updated_at\":", Some(&self.updated_at));
+        w.number(",\"duration_ms\":", self.duration_ms);
+        out.push('}');
+        Ok(out)
     }
 }
 
-/// Writes `name` (with the punctuation before the value) and `value` as compact JSON.
-fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, name: &str, value: &T) -> Result<()> {
-    out.extend_from_slice(name.as_bytes());
-    serde_json::to_writer(out, value).map_err(Error::internal)
+/// Where [`Record::write_json`] writes: the text, and a buffer to serialize a tree in. Each
+/// entry is `name` (with the punctuation before the value) and the value as compact JSON, as
+/// serde_json writes it.
+struct Fields<'a> {
+    out: &'a mut String,
+    scratch: &'a mut Vec<u8>,
+}
+
+impl Fields<'_> {
+    fn text(&mut self, name: &str, value: Option<&str>) {
+        self.out.push_str(name);
+        match value {
+            Some(v) => crate::log::push_json_string(self.out, v),
+            None => self.out.push_str("null"),
+        }
+    }
+
+    fn number(&mut self, name: &str, value: Option<u64>) {
+        self.out.push_str(name);
+        match value {
+            Some(v) => self.out.push_str(itoa::Buffer::new().format(v)),
+            None => self.out.push_str("null"),
+        }
+    }
+
+    /// A tree, serialized into the scratch buffer and checked as UTF-8 there.
+    fn value(&mut self, name: &str, value: &Value) -> Result<()> {
+        self.out.push_str(name);
+        if value.is_null() {
+            self.out.push_str("null");
+            return Ok(());
+        }
+        self.scratch.clear();
+        serde_json::to_writer(&mut *self.scratch, value).map_err(Error::internal)?;
+        self.out
+            .push_str(std::str::from_utf8(self.scratch).map_err(Error::internal)?);
+        Ok(())
+    }
 }
 
 /// Checks that a record is a valid new PROJECTING record.
