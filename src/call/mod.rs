@@ -350,6 +350,7 @@ async fn execute(
     let upstream_span = span.upstream(tool);
     let request = ToolRequest {
         uri: &tool.upstream,
+        host: &tool.upstream_host,
         input,
         run_id,
         tool_call_id,

@@ -2,12 +2,14 @@
 //! reservation). The first failing check answers; nothing is forwarded and nothing is spent.
 //! The order is listed in `docs/api.md`.
 
+use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::HeaderValue;
-use serde_json::{Map, Value};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::Value;
 
 use crate::auth::Tokens;
 use crate::body::value_depth;
@@ -83,11 +85,85 @@ pub struct Admitted {
 
 /// What the request says, read once: each field is only trusted by the step that checks it.
 struct Claims {
-    /// `Err` when the envelope body is not JSON (step 3).
-    envelope: Result<Map<String, Value>, ()>,
+    /// The envelope's `input`; `Err` when the envelope body is not a JSON object (step 3).
+    envelope: Result<Option<Value>, ()>,
     tool_call_id: Option<String>,
     run_id: Option<String>,
     tool: Option<String>,
+}
+
+/// The envelope `{"run_id","tool_call_id","tool","input"}`, read in one pass as a JSON object
+/// parsed into a map would be read, without building the map: each value is parsed as a
+/// `Value` (other keys' too, then dropped, so the same texts are refused), a claim that is
+/// not a string reads as absent, and a repeated key keeps its last value.
+#[derive(Default)]
+struct Envelope {
+    run_id: Option<String>,
+    tool_call_id: Option<String>,
+    tool: Option<String>,
+    input: Option<Value>,
+}
+
+/// A key of the envelope.
+enum EnvelopeKey {
+    RunId,
+    ToolCallId,
+    Tool,
+    Input,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for EnvelopeKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = EnvelopeKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<EnvelopeKey, E> {
+                Ok(match key {
+                    "run_id" => EnvelopeKey::RunId,
+                    "tool_call_id" => EnvelopeKey::ToolCallId,
+                    "tool" => EnvelopeKey::Tool,
+                    "input" => EnvelopeKey::Input,
+                    _ => EnvelopeKey::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(Key)
+    }
+}
+
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Envelope;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
+                let text = |v: Value| match v {
+                    Value::String(s) => Some(s),
+                    _ => None,
+                };
+                let mut e = Envelope::default();
+                while let Some(key) = map.next_key::<EnvelopeKey>()? {
+                    let value: Value = map.next_value()?;
+                    match key {
+                        EnvelopeKey::RunId => e.run_id = text(value),
+                        EnvelopeKey::ToolCallId => e.tool_call_id = text(value),
+                        EnvelopeKey::Tool => e.tool = text(value),
+                        EnvelopeKey::Input => e.input = Some(value),
+                        EnvelopeKey::Other => {}
+                    }
+                }
+                Ok(e)
+            }
+        }
+        d.deserialize_map(Object)
+    }
 }
 
 impl Claims {
@@ -99,37 +175,28 @@ impl Claims {
                 .map(str::to_string)
         };
         match form {
-            Form::Envelope => {
-                let envelope = body
-                    .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-                    .and_then(|v| match v {
-                        Value::Object(m) => Some(m),
-                        _ => None,
-                    })
-                    .ok_or(());
-                let field = |k: &str| {
-                    envelope
-                        .as_ref()
-                        .ok()
-                        .and_then(|m| m.get(k))
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
-                };
-                Claims {
-                    tool_call_id: field("tool_call_id"),
-                    run_id: field("run_id"),
-                    tool: field("tool"),
-                    envelope,
-                }
-            }
+            Form::Envelope => match body.and_then(|b| serde_json::from_slice::<Envelope>(b).ok()) {
+                Some(e) => Claims {
+                    tool_call_id: e.tool_call_id,
+                    run_id: e.run_id,
+                    tool: e.tool,
+                    envelope: Ok(e.input),
+                },
+                None => Claims {
+                    envelope: Err(()),
+                    tool_call_id: None,
+                    run_id: None,
+                    tool: None,
+                },
+            },
             Form::Mcp(call) => Claims {
-                envelope: Ok(Map::new()),
+                envelope: Ok(None),
                 tool_call_id: call.tool_call_id.clone(),
                 run_id: call.run_id.clone(),
                 tool: Some(call.tool.clone()),
             },
             Form::Intercept { tool } => Claims {
-                envelope: Ok(Map::new()),
+                envelope: Ok(None),
                 tool_call_id: header("x-tool-call-id"),
                 run_id: header("x-run-id"),
                 tool: Some(tool.clone()),
@@ -183,7 +250,7 @@ pub fn identify(
     tokens: &Tokens,
     incoming: &mut Incoming,
 ) -> Result<Identified, Rejection> {
-    let mut claims = incoming.claims();
+    let claims = incoming.claims();
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
     let reject = |code: Code| rejection(&claims, tool.as_ref(), code);
 
@@ -228,11 +295,7 @@ pub fn identify(
         return Err(reject(Code::UnknownTool));
     };
     let input = match &mut incoming.form {
-        Form::Envelope => claims
-            .envelope
-            .as_mut()
-            .ok()
-            .and_then(|m| m.remove("input")),
+        Form::Envelope => claims.envelope.ok().flatten(),
         Form::Intercept { .. } => serde_json::from_slice(body).ok(),
         Form::Mcp(call) => call.input.take(),
     };
@@ -279,5 +342,64 @@ impl Identified {
             tool: self.tool,
             input,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the envelope said when it was read as a map.
+    type Read = (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<Value>,
+    );
+
+    fn by_map(text: &str) -> Option<Read> {
+        let Ok(Value::Object(mut m)) = serde_json::from_str::<Value>(text) else {
+            return None;
+        };
+        let field = |m: &serde_json::Map<String, Value>, k: &str| {
+            m.get(k).and_then(Value::as_str).map(str::to_string)
+        };
+        Some((
+            field(&m, "run_id"),
+            field(&m, "tool_call_id"),
+            field(&m, "tool"),
+            m.remove("input"),
+        ))
+    }
+
+    fn by_envelope(text: &str) -> Option<Read> {
+        let e = serde_json::from_str::<Envelope>(text).ok()?;
+        Some((e.run_id, e.tool_call_id, e.tool, e.input))
+    }
+
+    #[test]
+    fn the_envelope_reads_as_the_map_it_is() {
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        for text in [
+            r#"{"run_id":"r","tool_call_id":"c","tool":"t","input":{"q":"x"}}"#,
+            r#"{"input":{"q":[1,{"a":null}]},"tool":"t","extra":{"k":[true]}}"#,
+            r#"{"run_id":"a","run_id":"b","input":1,"input":{"z":2}}"#,
+            r#"{"run_id":"a","run_id":5}"#,
+            r#"{"run_id":5,"tool_call_id":["c"],"tool":{"n":"t"},"input":null}"#,
+            r#"{"run\u005fid":"esc","t\u006fol":"t\n\"x"}"#,
+            r#"{"run_id":"r","x":1e400}"#,
+            r#"{"run_id":"r","input":1e400}"#,
+            r#"{"run_id":"r"} trailing"#,
+            r#"{"run_id":"r",}"#,
+            r#"["run_id","r"]"#,
+            r#""run_id""#,
+            "null",
+            "{}",
+            "",
+            "{\"run_id\":\"\u{e9}\u{1F600}\"}",
+            &deep,
+        ] {
+            assert_eq!(by_envelope(text), by_map(text), "{text}");
+        }
     }
 }

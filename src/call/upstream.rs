@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -22,6 +22,8 @@ use crate::config::Protocol;
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
     pub uri: &'a Uri,
+    /// The `Host` header for `uri` (the tool's, made at config load).
+    pub host: &'a HeaderValue,
     /// The input object exactly as recorded.
     pub input: &'a Value,
     pub run_id: &'a str,
@@ -134,6 +136,7 @@ impl Upstream {
         let mut builder = Request::builder()
             .method(Method::POST)
             .uri(req.uri.clone())
+            .header(HOST, req.host.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("x-run-id", req.run_id)
             .header("x-tool-call-id", req.tool_call_id);

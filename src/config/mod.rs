@@ -441,6 +441,9 @@ pub fn run_path(value: &str) -> Option<String> {
 pub struct Tool {
     pub name: ToolName,
     pub upstream: hyper::Uri,
+    /// The `Host` header of every request to `upstream`, made once at load: the host, and the
+    /// port when it is not the scheme's default.
+    pub upstream_host: hyper::header::HeaderValue,
     pub protocol: Protocol,
     pub read_only: bool,
     pub timeout: Duration,
@@ -949,6 +952,21 @@ impl RawStore {
     }
 }
 
+/// The `Host` header for `uri`: its host, with its port unless that is the scheme's default
+/// (80 for http, 443 for https).
+fn host_header(uri: &hyper::Uri) -> Option<hyper::header::HeaderValue> {
+    let host = uri.host()?;
+    let default = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    let value = match uri.port() {
+        Some(port) if port.as_u16() != default => format!("{host}:{}", port.as_str()),
+        _ => host.to_string(),
+    };
+    hyper::header::HeaderValue::from_str(&value).ok()
+}
+
 impl RawTool {
     fn validate(self, i: usize, base: &Limits) -> Result<Tool, ConfigError> {
         let key = |k: &str| format!("tools[{i}].{k}");
@@ -966,6 +984,8 @@ impl RawTool {
             (Some("http" | "https"), Some(_)) => {}
             _ => return Err(bad(&key("upstream"), "must be an http:// or https:// URL")),
         }
+        let upstream_host = host_header(&upstream)
+            .ok_or_else(|| bad(&key("upstream"), "has a host that is not a valid header"))?;
         let schema = match &self.input_schema {
             None => None,
             Some(s) => Some(
@@ -1032,6 +1052,7 @@ impl RawTool {
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
             name,
             upstream,
+            upstream_host,
             protocol,
             read_only: self.read_only,
             input_schema: self.input_schema,
@@ -1071,6 +1092,22 @@ fn bearer_from_file(key: &str, path: &Path) -> Result<hyper::header::HeaderValue
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_header_is_what_the_pooled_client_would_set() {
+        for (uri, host) in [
+            ("http://127.0.0.1:8080/x", "127.0.0.1:8080"),
+            ("http://tool.example/", "tool.example"),
+            ("http://tool.example:80/", "tool.example"),
+            ("http://tool.example:443/", "tool.example:443"),
+            ("https://tool.example:443/a", "tool.example"),
+            ("https://tool.example:80/a", "tool.example:80"),
+            ("http://[::1]:9/", "[::1]:9"),
+        ] {
+            let uri: hyper::Uri = uri.parse().unwrap();
+            assert_eq!(host_header(&uri).unwrap(), host, "{uri}");
+        }
+    }
 
     #[test]
     fn defaults_apply_to_an_empty_file() {

@@ -7,9 +7,11 @@
 //! single operation pays for rehashing or copying the whole store, however many records it
 //! holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::{Mutex, MutexGuard};
+
+use hashbrown::HashTable;
 
 use super::{
     Close, Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Store,
@@ -53,9 +55,11 @@ struct Inner {
 /// own share, about a 256th of the store.
 const SHARDS: usize = 256;
 
-/// A hash map split into [`SHARDS`] maps by the key's hash, each growing independently.
+/// A hash map split into [`SHARDS`] tables by the key's hash, each growing independently.
+/// A key is hashed once per operation: the hash's high bits pick the shard and the table
+/// finds the slot with the same hash.
 struct Sharded<K, V> {
-    shards: Vec<HashMap<K, V>>,
+    shards: Vec<HashTable<(K, V)>>,
     hasher: RandomState,
     len: usize,
 }
@@ -63,7 +67,7 @@ struct Sharded<K, V> {
 impl<K, V> Default for Sharded<K, V> {
     fn default() -> Self {
         Sharded {
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            shards: (0..SHARDS).map(|_| HashTable::new()).collect(),
             hasher: RandomState::new(),
             len: 0,
         }
@@ -71,37 +75,53 @@ impl<K, V> Default for Sharded<K, V> {
 }
 
 impl<K: Hash + Eq, V> Sharded<K, V> {
-    fn shard(&self, key: &K) -> usize {
-        // The low bits pick the slot inside a shard's own map (its own hasher); the high bits
-        // pick the shard.
-        (self.hasher.hash_one(key) >> 56) as usize % SHARDS
+    /// The key's hash, and the shard it picks.
+    fn locate(&self, key: &K) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        (hash, (hash >> 56) as usize % SHARDS)
     }
 
     fn get(&self, key: &K) -> Option<&V> {
-        self.shards[self.shard(key)].get(key)
-    }
-
-    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = self.shard(key);
-        self.shards[i].get_mut(key)
+        let (hash, i) = self.locate(key);
+        self.shards[i].find(hash, |(k, _)| k == key).map(|(_, v)| v)
     }
 
     fn insert(&mut self, key: K, value: V) -> Option<V> {
-        let i = self.shard(&key);
-        let old = self.shards[i].insert(key, value);
-        if old.is_none() {
-            self.len += 1;
+        let (hash, i) = self.locate(&key);
+        let hasher = &self.hasher;
+        match self.shards[i].entry(hash, |(k, _)| *k == key, |(k, _)| hasher.hash_one(k)) {
+            hashbrown::hash_table::Entry::Occupied(mut e) => {
+                Some(std::mem::replace(&mut e.get_mut().1, value))
+            }
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert((key, value));
+                self.len += 1;
+                None
+            }
         }
-        old
+    }
+
+    /// The value of `key` when `keep` holds for it; otherwise it is removed. One hash, one
+    /// probe.
+    fn lookup(&mut self, key: &K, keep: impl FnOnce(&V) -> bool) -> Lookup<'_, V> {
+        let (hash, i) = self.locate(key);
+        match self.shards[i].find_entry(hash, |(k, _)| k == key) {
+            Err(_) => Lookup::Missing,
+            Ok(found) if keep(&found.get().1) => Lookup::Kept(&mut found.into_mut().1),
+            Ok(found) => {
+                let ((_, old), _) = found.remove();
+                self.len -= 1;
+                Lookup::Removed(old)
+            }
+        }
     }
 
     fn remove(&mut self, key: &K) -> Option<V> {
-        let i = self.shard(key);
-        let old = self.shards[i].remove(key);
-        if old.is_some() {
-            self.len -= 1;
-        }
-        old
+        let (hash, i) = self.locate(key);
+        let found = self.shards[i].find_entry(hash, |(k, _)| k == key).ok()?;
+        let ((_, old), _) = found.remove();
+        self.len -= 1;
+        Some(old)
     }
 
     #[cfg(test)]
@@ -113,6 +133,13 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
     fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// What [`Sharded::lookup`] found.
+enum Lookup<'a, V> {
+    Kept(&'a mut V),
+    Removed(V),
+    Missing,
 }
 
 /// A list that grows by fixed-size chunks, never by copying what it holds.
@@ -296,11 +323,16 @@ impl Inner {
         }
     }
 
+    /// The run, if it is live; an expired one is dropped on the way.
     fn run(&mut self, run_id: &RunId, now: Instant) -> Option<&mut RunEntry> {
-        if self.runs.get(run_id).is_some_and(|e| !e.live(now)) {
-            self.remove_run(run_id);
+        match self.runs.lookup(run_id, |e| e.live(now)) {
+            Lookup::Kept(e) => Some(&mut e.value),
+            Lookup::Removed(e) => {
+                self.bytes = self.bytes.saturating_sub(e.value.size);
+                None
+            }
+            Lookup::Missing => None,
         }
-        self.runs.get_mut(run_id).map(|e| &mut e.value)
     }
 
     fn record(
@@ -310,10 +342,14 @@ impl Inner {
         now: Instant,
     ) -> Option<&Expiring<StoredRecord>> {
         let key = (run_id.clone(), id.clone());
-        if self.records.get(&key).is_some_and(|e| !e.live(now)) {
-            self.remove_record(&key);
+        match self.records.lookup(&key, |e| e.live(now)) {
+            Lookup::Kept(e) => Some(e),
+            Lookup::Removed(e) => {
+                self.bytes = self.bytes.saturating_sub(record_size(&key, &e.value.json));
+                None
+            }
+            Lookup::Missing => None,
         }
-        self.records.get(&key)
     }
 }
 
