@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -196,6 +196,20 @@ struct DropLabels {
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Every metric toolgate exports, plus the failure-attribution counts.
+/// One tool's series of the per-call metrics, each taken from its family the first time the
+/// tool needs it (so a series appears when it is first observed, as without them) and kept,
+/// so a call does not look its labels up again. A tool's config holds one, used with that
+/// tool's name only; a series handle shares its value with the family's.
+#[derive(Debug, Default)]
+pub struct ToolHandles {
+    in_flight: OnceLock<Gauge<i64, AtomicI64>>,
+    upstream: OnceLock<Histogram>,
+    /// By status (READY, ERROR) × evidence status, in `Evidence::ALL` order.
+    invocations: [OnceLock<Counter>; 6],
+    /// By status (READY, ERROR).
+    duration: [OnceLock<Histogram>; 2],
+}
+
 pub struct Metrics {
     registry: Registry,
     invocations: Family<InvocationLabels, Counter>,
@@ -385,31 +399,42 @@ impl Metrics {
     pub fn finished(
         &self,
         tool: &ToolName,
+        handles: &ToolHandles,
         evidence: Evidence,
         elapsed: Duration,
         err: Option<&Error>,
     ) {
-        let tool = ToolLabel(Some(tool.clone()));
+        let label = || ToolLabel(Some(tool.clone()));
         let status = if err.is_some() {
             Status::Error
         } else {
             Status::Ready
         };
-        self.invocations
-            .get_or_create(&InvocationLabels {
-                tool: tool.clone(),
-                status,
-                evidence_status: evidence,
+        let e = Evidence::ALL
+            .iter()
+            .position(|&x| x == evidence)
+            .unwrap_or(0);
+        let s = usize::from(status == Status::Error);
+        handles.invocations[s * 3 + e]
+            .get_or_init(|| {
+                self.invocations.get_or_create_owned(&InvocationLabels {
+                    tool: label(),
+                    status,
+                    evidence_status: evidence,
+                })
             })
             .inc();
-        self.invocation_duration
-            .get_or_create(&ToolStatusLabels {
-                tool: tool.clone(),
-                status,
+        handles.duration[s]
+            .get_or_init(|| {
+                self.invocation_duration
+                    .get_or_create_owned(&ToolStatusLabels {
+                        tool: label(),
+                        status,
+                    })
             })
             .observe(elapsed.as_secs_f64());
         if let Some(err) = err {
-            self.failed(tool, err);
+            self.failed(label(), err);
         }
     }
 
@@ -430,19 +455,25 @@ impl Metrics {
         *counts.entry((layer, err.code)).or_insert(0) += 1;
     }
 
-    pub fn upstream(&self, tool: &ToolName, elapsed: Duration) {
-        self.upstream_duration
-            .get_or_create(&ToolLabels {
-                tool: ToolLabel(Some(tool.clone())),
+    pub fn upstream(&self, tool: &ToolName, handles: &ToolHandles, elapsed: Duration) {
+        handles
+            .upstream
+            .get_or_init(|| {
+                self.upstream_duration.get_or_create_owned(&ToolLabels {
+                    tool: ToolLabel(Some(tool.clone())),
+                })
             })
             .observe(elapsed.as_secs_f64());
     }
 
     /// Moves the in-flight gauge of a tool by `delta`.
-    pub fn in_flight(&self, tool: &ToolName, delta: i64) {
-        self.in_flight
-            .get_or_create(&ToolLabels {
-                tool: ToolLabel(Some(tool.clone())),
+    pub fn in_flight(&self, tool: &ToolName, handles: &ToolHandles, delta: i64) {
+        handles
+            .in_flight
+            .get_or_init(|| {
+                self.in_flight.get_or_create_owned(&ToolLabels {
+                    tool: ToolLabel(Some(tool.clone())),
+                })
             })
             .inc_by(delta);
     }
@@ -548,25 +579,31 @@ mod tests {
         m.rejected(None, &Error::new(Code::UnknownTool));
         m.finished(
             &tool("search"),
+            &ToolHandles::default(),
             Evidence::Error,
             Duration::from_millis(3),
             Some(&Error::too_large(SizeStage::Raw)),
         );
         m.finished(
             &tool("search"),
+            &ToolHandles::default(),
             Evidence::Found,
             Duration::from_millis(3),
             None,
         );
         m.store_op(StoreOp::Reserve, Duration::from_millis(1), true);
-        m.in_flight(&tool("search"), 1);
+        m.in_flight(&tool("search"), &ToolHandles::default(), 1);
         m.config_reload(ReloadResult::Error);
         m.mcp_request(McpMethod::ToolsCall, Outcome::Error);
         m.rejected(
             Some(&tool("fetch")),
             &Error::new(Code::PolicyDenied(Role::NetworkTarget)),
         );
-        m.upstream(&tool("search"), Duration::from_millis(2));
+        m.upstream(
+            &tool("search"),
+            &ToolHandles::default(),
+            Duration::from_millis(2),
+        );
         m.spans_dropped(SpanDrop::QueueFull, 3);
         m.export_error();
         let text = m.encode();
@@ -609,6 +646,7 @@ mod tests {
         m.rejected(Some(&a), &Error::new(Code::InvalidInput));
         m.finished(
             &a,
+            &ToolHandles::default(),
             Evidence::Error,
             Duration::ZERO,
             Some(&Error::new(Code::ToolTimeout)),

@@ -155,7 +155,7 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
         mut guard,
     } = admitted;
 
-    state.metrics.in_flight(&tool.name, 1);
+    state.metrics.in_flight(&tool.name, &tool.metrics, 1);
     let executed = execute(
         state,
         &tool,
@@ -167,14 +167,18 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     )
     .await;
     let result = finalize(state, &tool, record, executed, started, &span).await;
-    state.metrics.in_flight(&tool.name, -1);
+    state.metrics.in_flight(&tool.name, &tool.metrics, -1);
     drop(guard);
 
     let elapsed = started.elapsed();
     let evidence = result.as_ref().map_or(Evidence::Error, |s| s.evidence);
-    state
-        .metrics
-        .finished(&tool.name, evidence, elapsed, result.as_ref().err());
+    state.metrics.finished(
+        &tool.name,
+        &tool.metrics,
+        evidence,
+        elapsed,
+        result.as_ref().err(),
+    );
     span.finish(result.as_ref().map(|s| s.evidence));
     let err = result.as_ref().err();
     tracing::info!(
@@ -366,7 +370,9 @@ async fn execute(
         r = tokio::time::timeout(timeout, state.upstream.call(&tool.protocol, request)) => r,
         () = guard.cancelled() => return Executed::failed(Error::new(Code::RunCancelled)),
     };
-    state.metrics.upstream(&tool.name, started.elapsed());
+    state
+        .metrics
+        .upstream(&tool.name, &tool.metrics, started.elapsed());
     upstream_span.end(&answered);
     let reply = match answered {
         Err(_) => return Executed::failed(Error::with_cause(timeout_code, "tool timed out")),

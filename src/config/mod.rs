@@ -468,6 +468,8 @@ pub struct Tool {
     pub network: Network,
     /// The names and attributes of this tool's spans that every call shares.
     pub spans: crate::call::trace::ToolSpans,
+    /// This tool's series of the per-call metrics, taken on first use.
+    pub metrics: crate::metrics::ToolHandles,
 }
 
 impl std::fmt::Debug for Tool {
@@ -1066,6 +1068,7 @@ impl RawTool {
             read_roots,
             network,
             spans,
+            metrics: Default::default(),
         })
     }
 }

@@ -230,10 +230,15 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.lock_at(clock::now_ms())
+    }
+
+    /// The lock, for an operation that has read the clock (`now`) already.
+    fn lock_at(&self, now: u64) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.expire(clock::now_ms(), EXPIRE_PER_OPERATION);
+        inner.expire(now, EXPIRE_PER_OPERATION);
         inner
     }
 }
@@ -357,7 +362,7 @@ impl Store for MemoryStore {
     fn create_run(&self, run: NewRun) -> StoreFuture<'_, RunView> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock();
+            let mut inner = self.lock_at(now);
             if inner.run(&run.run_id, now).is_some() {
                 return Err(Code::RunExists.into());
             }
@@ -406,7 +411,7 @@ impl Store for MemoryStore {
             check_projecting(record)?;
             let body = record.to_json()?;
             let now = clock::now_ms();
-            let mut inner = self.lock();
+            let mut inner = self.lock_at(now);
             let key = (record.run_id.clone(), record.tool_call_id.clone());
             // The record, and its id in the progress list later.
             let size = record_size(&key, &body) + PROGRESS_OVERHEAD + key.1.len() as u64;
@@ -444,7 +449,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let (body, replaced) = PreparedFinal::body(record, record_bytes)?;
             let now = clock::now_ms();
-            let mut inner = self.lock();
+            let mut inner = self.lock_at(now);
             let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "record vanished"));
             };
@@ -499,7 +504,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Option<(Record, u64)>> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock();
+            let mut inner = self.lock_at(now);
             let Some(e) = inner.record(run_id, tool_call_id, now) else {
                 return Ok(None);
             };
@@ -511,7 +516,7 @@ impl Store for MemoryStore {
     fn progress<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock();
+            let mut inner = self.lock_at(now);
             let Some(ids) = inner
                 .run(run_id, now)
                 .map(|e| e.progress.iter().cloned().collect::<Vec<_>>())
