@@ -16,20 +16,31 @@ pub struct Keys {
 
 impl Keys {
     pub fn record(&self, run_id: &RunId, tool_call_id: &ToolCallId) -> String {
-        format!("{}:{{{run_id}}}:{tool_call_id}", self.prefix)
+        self.key(run_id, tool_call_id.as_str())
     }
 
     /// The common start of every record key of a run.
     pub fn record_prefix(&self, run_id: &RunId) -> String {
-        format!("{}:{{{run_id}}}:", self.prefix)
+        self.key(run_id, "")
     }
 
     pub fn run(&self, run_id: &RunId) -> String {
-        format!("{}:{{{run_id}}}:run", self.prefix)
+        self.key(run_id, "run")
     }
 
     pub fn progress(&self, run_id: &RunId) -> String {
-        format!("{}:{{{run_id}}}:progress", self.prefix)
+        self.key(run_id, "progress")
+    }
+
+    /// `{prefix}:{run_id}:{last}`, in one allocation (every call makes several keys).
+    fn key(&self, run_id: &RunId, last: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + run_id.len() + last.len() + 4);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(run_id.as_str());
+        key.push_str("}:");
+        key.push_str(last);
+        key
     }
 }
 

@@ -38,7 +38,7 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::{Script, ServerErrorKind, Value};
+use redis::{FromRedisValue, Script, ServerErrorKind, Value};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
@@ -208,17 +208,9 @@ impl RedisStore {
         ];
         let code: i64 = match &self.waiters {
             None => {
-                let mut invocation = script.prepare_invoke();
-                for key in &keys {
-                    invocation.key(key);
-                }
-                for arg in args {
-                    invocation.arg(arg);
-                }
-                invocation
-                    .invoke_async(&mut self.conn.clone())
-                    .await
-                    .map_err(redis_err)?
+                let mut cmd = evalsha(script, keys.len());
+                cmd.arg(&keys).arg(&args);
+                run_script(script, &cmd, &mut self.conn.clone()).await?
             }
             Some(waiters) => {
                 let mut lease = waiters.lease().await?;
@@ -348,17 +340,15 @@ impl Store for RedisStore {
             let body = record.to_json()?;
             let code: i64 = self
                 .op("reserve", async {
-                    self.scripts
-                        .reserve
-                        .key(self.keys.run(&record.run_id))
-                        .key(self.keys.record(&record.run_id, &record.tool_call_id))
+                    let script = &self.scripts.reserve;
+                    let mut cmd = evalsha(script, 2);
+                    cmd.arg(self.keys.run(&record.run_id))
+                        .arg(self.keys.record(&record.run_id, &record.tool_call_id))
                         .arg(now_ms)
                         .arg(record.tool.as_str())
-                        .arg(body)
-                        .arg(self.record_ttl_ms)
-                        .invoke_async(&mut self.conn.clone())
-                        .await
-                        .map_err(redis_err)
+                        .arg(&body)
+                        .arg(self.record_ttl_ms);
+                    run_script(script, &cmd, &mut self.conn.clone()).await
                 })
                 .await?;
             match code {
@@ -536,6 +526,31 @@ impl Drop for Lease<'_> {
 }
 
 /// Runs `fut` within `timeout`; a timeout is `STORE_UNAVAILABLE`.
+/// An `EVALSHA` of `script` with `keys` keys, for the keys and then the arguments to be added
+/// to: each is written once into the command's one buffer.
+fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Sends a command made by [`evalsha`]; a node that does not hold the script (`NOSCRIPT`, a
+/// node that restarted) has it loaded and gets the command again, as `Script::invoke_async`
+/// does.
+async fn run_script<T: FromRedisValue>(
+    script: &Script,
+    cmd: &redis::Cmd,
+    conn: &mut ClusterConnection,
+) -> Result<T> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await.map_err(redis_err)?;
+            cmd.query_async(conn).await.map_err(redis_err)
+        }
+        other => other.map_err(redis_err),
+    }
+}
+
 async fn bounded<T>(
     timeout: Duration,
     what: &str,

@@ -282,6 +282,54 @@ async fn a_record_expired_mid_call_leaves_no_key() {
     assert_eq!(bytes, "0");
 }
 
+/// A node that lost its scripts (restarted, or `SCRIPT FLUSH`) gets them loaded again by the
+/// call that meets `NOSCRIPT`: reserve and finalize still answer, and the record is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_scripts_gets_them_again() {
+    let cluster = redis_cluster::shared();
+    let store = connect(&redis_config(
+        cluster,
+        600_000,
+        Durability::Primary,
+        SUITE_TIMEOUT,
+    ))
+    .await;
+    let run = store
+        .create_run(new_run("noscript", 10, &[], 1 << 20, 600_000))
+        .await
+        .expect("create");
+    let flush = || {
+        for node in cluster.primaries() {
+            assert_eq!(
+                redis_cluster::query(node.port, &["SCRIPT", "FLUSH"]).as_deref(),
+                Some("OK")
+            );
+        }
+    };
+    let a = projecting(&run, "a", "search");
+    flush();
+    store
+        .reserve(&a, run.created_ms + 1)
+        .await
+        .expect("reserve after SCRIPT FLUSH");
+    flush();
+    let written = store
+        .finalize(&ready(&a), 1 << 20)
+        .await
+        .expect("finalize after SCRIPT FLUSH");
+    assert!(matches!(written, toolgate::store::Finalized::Written));
+    let keys = Keys {
+        prefix: "toolgate".into(),
+    };
+    let mut conn = raw(cluster).await;
+    let body: String = q(
+        &mut conn,
+        &["GET", &keys.record(&run.run_id, &call_id("a"))],
+    )
+    .await;
+    assert!(body.contains(r#""status":"READY""#), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reservations_race_across_connections() {
     let cluster = redis_cluster::shared();
