@@ -1,14 +1,17 @@
 //! Tokens: the admin token and run tokens (`<run_id>.<mac>`), all checked in constant time.
 
+use std::sync::Mutex;
+
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hyper::HeaderMap;
 use hyper::header::AUTHORIZATION;
 use ring::hmac;
 use ring::rand::SystemRandom;
+use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, ConfigError, MAX_SECRET_FILE_BYTES, read_file, read_text_file};
-use crate::ids::RunId;
+use crate::ids::{RunId, RunMap};
 
 /// Verifies admin tokens and issues/verifies run tokens.
 pub struct Tokens {
@@ -16,7 +19,16 @@ pub struct Tokens {
     compare_key: hmac::Key,
     admin_tag: hmac::Tag,
     run_key: hmac::Key,
+    /// The MAC each recently seen run's token must carry, so a run's later calls compare against
+    /// it instead of computing it again. Bounded by [`MACS_KEPT`].
+    macs: Mutex<RunMap<hmac::Tag>>,
 }
+
+/// How many runs' MACs are kept; when full, the table is emptied and fills again as calls come.
+const MACS_KEPT: usize = 4096;
+
+/// The longest MAC text read: a genuine one is 43 characters (32 bytes, unpadded base64).
+const MAC_TEXT_MAX: usize = 64;
 
 impl Tokens {
     /// `token_key`: the shared run-token key; when absent it is derived from the admin token, so
@@ -40,6 +52,7 @@ impl Tokens {
             compare_key,
             admin_tag,
             run_key,
+            macs: Mutex::default(),
         })
     }
 
@@ -57,13 +70,41 @@ impl Tokens {
     }
 
     /// The run a request's token is bound to, if the token is genuine.
+    ///
+    /// The MAC a run's token must carry is computed on its first genuine call and kept; every
+    /// presented MAC is compared with the expected one in constant time, kept or computed. Only
+    /// a genuine token's run is kept, so forged tokens cannot fill or churn the table.
     pub fn run_of(&self, headers: &HeaderMap) -> Option<RunId> {
         let token = bearer(headers)?;
         let (run_id, mac) = token.rsplit_once('.')?;
+        if mac.len() > MAC_TEXT_MAX {
+            return None;
+        }
+        let mut presented = [0u8; MAC_TEXT_MAX];
+        let n = URL_SAFE_NO_PAD.decode_slice(mac, &mut presented).ok()?;
+        let presented = &presented[..n];
+        let kept = self
+            .lock_macs()
+            .get_key_value(run_id)
+            .map(|(id, tag)| (id.clone(), *tag));
+        if let Some((run_id, expected)) = kept {
+            return bool::from(presented.ct_eq(expected.as_ref())).then_some(run_id);
+        }
         let run_id = RunId::parse(run_id)?;
-        let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
-        hmac::verify(&self.run_key, run_id.as_bytes(), &mac).ok()?;
+        let expected = hmac::sign(&self.run_key, run_id.as_bytes());
+        if !bool::from(presented.ct_eq(expected.as_ref())) {
+            return None;
+        }
+        let mut macs = self.lock_macs();
+        if macs.len() >= MACS_KEPT {
+            macs.clear();
+        }
+        macs.insert(run_id.clone(), expected);
         Some(run_id)
+    }
+
+    fn lock_macs(&self) -> std::sync::MutexGuard<'_, RunMap<hmac::Tag>> {
+        self.macs.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -140,6 +181,46 @@ mod tests {
         assert!(tokens.run_of(&with_bearer(&forged)).is_none());
         assert!(tokens.run_of(&with_bearer("run-42.AAAA")).is_none());
         assert!(tokens.run_of(&HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn a_kept_mac_refuses_what_a_computed_one_refuses() {
+        let tokens = Tokens::new("admin", None).unwrap();
+        let t = tokens.issue(&RunId::parse("run-7").unwrap());
+        // The first check computes and keeps the MAC; the later ones compare with the kept one.
+        for _ in 0..3 {
+            assert_eq!(tokens.run_of(&with_bearer(&t)).as_deref(), Some("run-7"));
+        }
+        let (body, mac) = t.rsplit_once('.').unwrap();
+        let mut flipped = mac.as_bytes().to_vec();
+        flipped[0] = if flipped[0] == b'A' { b'B' } else { b'A' };
+        let flipped = format!("{body}.{}", String::from_utf8(flipped).unwrap());
+        assert!(tokens.run_of(&with_bearer(&flipped)).is_none());
+        assert!(tokens.run_of(&with_bearer(&format!("{t}A"))).is_none());
+        assert!(tokens.run_of(&with_bearer(&t[..t.len() - 1])).is_none());
+        assert!(tokens.run_of(&with_bearer("run-7.")).is_none());
+        let long = format!("run-7.{}", "A".repeat(200));
+        assert!(tokens.run_of(&with_bearer(&long)).is_none());
+        // Forged tokens are not kept.
+        assert!(tokens.run_of(&with_bearer("run-8.AAAA")).is_none());
+        assert_eq!(tokens.lock_macs().len(), 1);
+    }
+
+    #[test]
+    fn the_kept_macs_stay_bounded() {
+        let tokens = Tokens::new("admin", None).unwrap();
+        let first = tokens.issue(&RunId::parse("r-first").unwrap());
+        assert!(tokens.run_of(&with_bearer(&first)).is_some());
+        for i in 0..MACS_KEPT + 10 {
+            let t = tokens.issue(&RunId::parse(&format!("r{i}")).unwrap());
+            assert!(tokens.run_of(&with_bearer(&t)).is_some());
+            assert!(tokens.lock_macs().len() <= MACS_KEPT);
+        }
+        // A run whose MAC was let go has it computed again.
+        assert_eq!(
+            tokens.run_of(&with_bearer(&first)).as_deref(),
+            Some("r-first")
+        );
     }
 
     #[test]

@@ -14,6 +14,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// A table keyed by run id, with foldhash's seeded hash instead of SipHash. Its keys come only
+/// from genuine run tokens or the admin API, so the harness, not the agent, chooses them; tables
+/// keyed by what an agent sends (a tool call id) keep the standard library's SipHash.
+pub type RunMap<V> = std::collections::HashMap<RunId, V, foldhash::fast::RandomState>;
+
 /// Whether `s` is a safe id: a leading ASCII letter or digit, then letters, digits and `extra`,
 /// at most `max` bytes in all, and none of the `reserved` words.
 fn is_safe(s: &str, max: usize, extra: &[u8], reserved: &[&str]) -> bool {

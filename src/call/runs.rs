@@ -1,7 +1,6 @@
 //! What this sidecar keeps about runs between calls: the run-spec cache (so preflight steps 7
 //! and 9b cost no store read), the calls in flight (per-run cancellation), and the drain count.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +8,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::clock;
 use crate::config::RunPaths;
-use crate::ids::RunId;
+use crate::ids::{RunId, RunMap};
 use crate::store::{RunState, RunView};
 
 /// The immutable part of a run that preflight needs, cached per sidecar.
@@ -32,7 +31,7 @@ pub struct RunCache {
 }
 
 struct Inner {
-    runs: HashMap<RunId, Arc<RunSpec>>,
+    runs: RunMap<Arc<RunSpec>>,
     /// The size at which the next insert sweeps out the runs past their deadline.
     sweep_at: usize,
 }
@@ -41,7 +40,7 @@ impl Default for RunCache {
     fn default() -> Self {
         RunCache {
             inner: Mutex::new(Inner {
-                runs: HashMap::new(),
+                runs: RunMap::default(),
                 sweep_at: Self::MIN_SWEEP,
             }),
         }
@@ -111,7 +110,7 @@ impl RunCache {
 /// Calls in flight on this sidecar: per-run cancellation and the drain count.
 #[derive(Default)]
 pub struct Calls {
-    runs: Mutex<HashMap<RunId, (watch::Sender<bool>, usize)>>,
+    runs: Mutex<RunMap<(watch::Sender<bool>, usize)>>,
     total: AtomicUsize,
     idle: Notify,
 }
