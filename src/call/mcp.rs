@@ -165,7 +165,7 @@ impl Upstream {
     ) -> Result<hyper::Response<hyper::body::Incoming>, UpstreamError> {
         let body = serde_json::to_vec(message).map_err(|e| UpstreamError::Body(e.to_string()))?;
         let mut builder = self
-            .request(req)
+            .request(req, req.uri)
             .header(ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
         if let Some(session) = session {
             builder = builder.header("mcp-protocol-version", session.version.clone());

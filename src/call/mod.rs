@@ -10,6 +10,7 @@
 //! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
 pub mod mcp;
+pub mod pool;
 pub mod preflight;
 pub mod projection;
 pub mod roles;
@@ -354,6 +355,7 @@ async fn execute(
     let upstream_span = span.upstream(tool);
     let request = ToolRequest {
         uri: &tool.upstream,
+        connections: &tool.connections,
         host: &tool.upstream_host,
         input,
         run_id,

@@ -22,6 +22,8 @@ use crate::config::Protocol;
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
     pub uri: &'a Uri,
+    /// The connections kept to `uri` (plain HTTP).
+    pub connections: &'a super::pool::Connections,
     /// The `Host` header for `uri` (the tool's, made at config load).
     pub host: &'a HeaderValue,
     /// The input object exactly as recorded.
@@ -132,10 +134,16 @@ impl Upstream {
 
     /// A request with the headers every tool gets: content type, the call's ids, the trace
     /// context, and the tool's own credentials.
-    pub(super) fn request(&self, req: &ToolRequest<'_>) -> hyper::http::request::Builder {
+    /// `target` is the URL the request names: the whole URL for the shared client, its path
+    /// and query on a connection of the tool's own.
+    pub(super) fn request(
+        &self,
+        req: &ToolRequest<'_>,
+        target: &Uri,
+    ) -> hyper::http::request::Builder {
         let mut builder = Request::builder()
             .method(Method::POST)
-            .uri(req.uri.clone())
+            .uri(target.clone())
             .header(HOST, req.host.clone())
             .header(CONTENT_TYPE, "application/json")
             .header("x-run-id", req.run_id)
@@ -153,16 +161,20 @@ impl Upstream {
     async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
         let body = serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?;
         let request = self
-            .request(&req)
+            .request(&req, req.connections.target())
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
-        let response = self
-            .client
-            .request(request)
+        let (status, body) = req
+            .connections
+            .send(&self.connector, req.uri, request, |response| async {
+                let status = response.status().as_u16();
+                let body = read_body(response, req.raw_bytes).await;
+                let read_to_end = body.is_ok();
+                ((status, body), read_to_end)
+            })
             .await
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
-        let status = response.status().as_u16();
-        let body = read_body(response, req.raw_bytes).await?;
+            .map_err(UpstreamError::Unreachable)?;
+        let body = body?;
         // The usual answer: compacted in one pass and kept as that text.
         if (200..300).contains(&status)
             && let Some(compact) = compact::compact_selecting(&body, req.select)

@@ -470,6 +470,8 @@ pub struct Tool {
     pub spans: crate::call::trace::ToolSpans,
     /// This tool's series of the per-call metrics, taken on first use.
     pub metrics: crate::metrics::ToolHandles,
+    /// The open connections to `upstream` between calls (plain HTTP tools).
+    pub connections: crate::call::pool::Connections,
 }
 
 impl std::fmt::Debug for Tool {
@@ -1053,7 +1055,6 @@ impl RawTool {
             limits: self.limits.resolve(&key("limits"), base)?,
             timeout: Duration::from_millis(positive(&key("timeout_ms"), self.timeout_ms, 10_000)?),
             name,
-            upstream,
             upstream_host,
             protocol,
             read_only: self.read_only,
@@ -1069,6 +1070,8 @@ impl RawTool {
             network,
             spans,
             metrics: Default::default(),
+            connections: crate::call::pool::Connections::new(&upstream),
+            upstream,
         })
     }
 }
