@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Buf, Bytes, BytesMut};
-use http_body_util::{BodyExt, Full};
+use bytes::{Buf, BytesMut};
+use http_body_util::BodyExt;
 use hyper::StatusCode;
-use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
 use super::upstream::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
@@ -28,6 +28,8 @@ const CLIENT_VERSION: &str = "2025-11-25";
 /// The handshake answer is small; an upstream that sends more is not worth reading.
 const HANDSHAKE_BYTES: u64 = 1 << 20;
 const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+const MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+const MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 
 /// The sessions toolgate holds, by upstream URL.
 #[derive(Default)]
@@ -123,7 +125,7 @@ impl Upstream {
             },
         });
         let response = self.post(req, None, &message).await?;
-        let session_id = response.headers().get("mcp-session-id").cloned();
+        let session_id = response.headers().get(MCP_SESSION_ID).cloned();
         let reply = answer(response, id, HANDSHAKE_BYTES, req.json_depth)
             .await
             .map_err(|e| match e {
@@ -164,18 +166,15 @@ impl Upstream {
         message: &Value,
     ) -> Result<hyper::Response<hyper::body::Incoming>, UpstreamError> {
         let body = serde_json::to_vec(message).map_err(|e| UpstreamError::Body(e.to_string()))?;
-        let mut builder = self
-            .request(req, req.uri)
-            .header(ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
+        let mut request = Upstream::request(req, req.uri, body)?;
+        let headers = request.headers_mut();
+        headers.insert(ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
         if let Some(session) = session {
-            builder = builder.header("mcp-protocol-version", session.version.clone());
+            headers.insert(MCP_PROTOCOL_VERSION, session.version.clone());
             if let Some(id) = &session.id {
-                builder = builder.header("mcp-session-id", id.clone());
+                headers.insert(MCP_SESSION_ID, id.clone());
             }
         }
-        let request = builder
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
         self.client
             .request(request)
             .await

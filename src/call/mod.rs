@@ -369,7 +369,9 @@ async fn execute(
     };
     let started = Instant::now();
     let answered = tokio::select! {
-        r = tokio::time::timeout(timeout, state.upstream.call(&tool.protocol, request)) => r,
+        // Boxed: the exchange's state is large, and the timeout and the select would otherwise
+        // copy it each time they move.
+        r = tokio::time::timeout(timeout, Box::pin(state.upstream.call(&tool.protocol, request))) => r,
         () = guard.cancelled() => return Executed::failed(Error::new(Code::RunCancelled)),
     };
     state

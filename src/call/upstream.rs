@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::HeaderMap;
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -18,6 +19,10 @@ use super::mcp::McpSessions;
 use crate::body::{ReadError, json_depth, read_capped};
 use crate::compact;
 use crate::config::Protocol;
+
+const X_RUN_ID: HeaderName = HeaderName::from_static("x-run-id");
+const X_TOOL_CALL_ID: HeaderName = HeaderName::from_static("x-tool-call-id");
+const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
@@ -128,42 +133,44 @@ impl Upstream {
     ) -> Result<Reply, UpstreamError> {
         match protocol {
             Protocol::Http => self.http(req).await,
-            Protocol::Mcp { remote_name } => self.mcp(remote_name, req).await,
+            // Boxed, so a plain HTTP call's future is not the size of an MCP exchange.
+            Protocol::Mcp { remote_name } => Box::pin(self.mcp(remote_name, req)).await,
         }
     }
 
-    /// A request with the headers every tool gets: content type, the call's ids, the trace
-    /// context, and the tool's own credentials.
-    /// `target` is the URL the request names: the whole URL for the shared client, its path
-    /// and query on a connection of the tool's own.
+    /// A `POST` of `body` with the headers every tool gets: content type, the call's ids, the
+    /// trace context, and the tool's own credentials. `target` is the URL the request names: the
+    /// whole URL for the shared client, its path and query on a connection of the tool's own.
     pub(super) fn request(
-        &self,
         req: &ToolRequest<'_>,
         target: &Uri,
-    ) -> hyper::http::request::Builder {
-        let mut builder = Request::builder()
-            .method(Method::POST)
-            .uri(target.clone())
-            .header(HOST, req.host.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .header("x-run-id", req.run_id)
-            .header("x-tool-call-id", req.tool_call_id);
+        body: Vec<u8>,
+    ) -> Result<Request<Full<Bytes>>, UpstreamError> {
+        let id = |v: &str| {
+            HeaderValue::from_str(v).map_err(|e| UpstreamError::Unreachable(e.to_string()))
+        };
+        let mut headers = HeaderMap::with_capacity(8);
+        headers.insert(HOST, req.host.clone());
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(X_RUN_ID, id(req.run_id)?);
+        headers.insert(X_TOOL_CALL_ID, id(req.tool_call_id)?);
         if let Some(tp) = req.traceparent {
-            builder = builder.header("traceparent", tp);
+            headers.insert(TRACEPARENT, tp.clone());
         }
         if let Some(auth) = req.auth {
-            builder = builder.header(AUTHORIZATION, auth);
+            headers.insert(AUTHORIZATION, auth.clone());
         }
-        builder
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = target.clone();
+        *request.headers_mut() = headers;
+        Ok(request)
     }
 
     /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`.
     async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
         let body = serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?;
-        let request = self
-            .request(&req, req.connections.target())
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| UpstreamError::Unreachable(e.to_string()))?;
+        let request = Upstream::request(&req, req.connections.target(), body)?;
         let (status, body) = req
             .connections
             .send(&self.connector, req.uri, request, |response| async {
