@@ -256,33 +256,43 @@ impl Framing {
 /// line by line.
 fn head_end(bytes: &[u8]) -> Option<usize> {
     let window = &bytes[..bytes.len().min(MAX_HEAD)];
-    let crlf = memchr::memmem::find(window, b"\r\n\r\n").map(|i| i + 4);
-    let lf = memchr::memmem::find(window, b"\n\n").map(|i| i + 2);
-    match (crlf, lf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    memchr::memchr_iter(b'\n', window)
+        .find(|&at| {
+            let line = &window[..at];
+            line.ends_with(b"\n") || line.ends_with(b"\r\n\r")
+        })
+        .map(|at| at + 1)
 }
 
 /// A head's body framing: its `Content-Length` (if one parses), whether it is chunked, and
 /// whether it carries both headers.
+///
+/// A header line is one that starts after a `\n`, so the request line is never one. Only the
+/// lines whose name is one of the two framing headers (the name up to the first colon,
+/// compared without case) are looked at further.
 fn body_framing(head: &[u8]) -> (Option<u64>, bool, bool) {
+    const LENGTH: &[u8] = b"content-length:";
+    const ENCODING: &[u8] = b"transfer-encoding:";
     let (mut length, mut has_length, mut has_te, mut chunked) = (None, false, false, false);
-    for line in head.split(|b| *b == b'\n').skip(1) {
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            continue;
+    for newline in memchr::memchr_iter(b'\n', head) {
+        let line = &head[newline + 1..];
+        let named = |name: &[u8]| {
+            line.get(..name.len())
+                .is_some_and(|n| n.eq_ignore_ascii_case(name))
         };
-        let name = &line[..colon];
-        // Only the two framing headers' values are read.
-        let value = || String::from_utf8_lossy(&line[colon + 1..]);
-        if name.eq_ignore_ascii_case(b"content-length") {
+        let value = |name: &[u8]| {
+            let rest = &line[name.len()..];
+            let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+            String::from_utf8_lossy(&rest[..end])
+        };
+        if named(LENGTH) {
             has_length = true;
-            length = value().trim().parse().ok();
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            length = value(LENGTH).trim().parse().ok();
+        } else if named(ENCODING) {
             has_te = true;
-            let value = value();
-            let value = value.trim();
+            let value = value(ENCODING);
             chunked = value
+                .trim()
                 .rsplit(',')
                 .next()
                 .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
@@ -318,7 +328,70 @@ mod tests {
         }
     }
 
+    /// The line-by-line reading `body_framing` replaced, kept to compare against.
+    fn body_framing_by_lines(head: &[u8]) -> (Option<u64>, bool, bool) {
+        let (mut length, mut has_length, mut has_te, mut chunked) = (None, false, false, false);
+        for line in head.split(|b| *b == b'\n').skip(1) {
+            let Some(colon) = line.iter().position(|b| *b == b':') else {
+                continue;
+            };
+            let name = &line[..colon];
+            let value = || String::from_utf8_lossy(&line[colon + 1..]);
+            if name.eq_ignore_ascii_case(b"content-length") {
+                has_length = true;
+                length = value().trim().parse().ok();
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                has_te = true;
+                let value = value();
+                let value = value.trim();
+                chunked = value
+                    .rsplit(',')
+                    .next()
+                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            }
+        }
+        (length, chunked, has_length && has_te)
+    }
+
     proptest::proptest! {
+        /// The one-pass end search finds what searching for both endings finds.
+        #[test]
+        fn a_head_ends_at_the_first_empty_line(
+            bytes in proptest::collection::vec(proptest::sample::select(b"\r\nab:".to_vec()), 0..64),
+        ) {
+            let crlf = memchr::memmem::find(&bytes, b"\r\n\r\n").map(|i| i + 4);
+            let lf = memchr::memmem::find(&bytes, b"\n\n").map(|i| i + 2);
+            let both = match (crlf, lf) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            proptest::prop_assert_eq!(head_end(&bytes), both);
+        }
+
+        /// Heads made of header-like lines: framing names in any case, near-misses, spaces,
+        /// colons in values, bare `\n` and `\r\n` endings.
+        #[test]
+        fn the_framing_scan_reads_heads_as_lines_do(
+            lines in proptest::collection::vec((0..10usize, 0..8usize, proptest::bool::ANY), 0..8),
+        ) {
+            let names = [
+                "Content-Length", "content-LENGTH", "Transfer-Encoding", "transfer-encoding",
+                "Content-Lengthx", "Content-Length ", "X-Content-Length", "Host", "", "Transfer-Encoding:",
+            ];
+            let values = [
+                " 5", "12", " chunked", "gzip, chunked", "chunked, gzip", " 1:2", "", " x\r",
+            ];
+            let mut head = String::from("POST /a HTTP/1.1\r\n");
+            for (name, value, crlf) in lines {
+                head.push_str(names[name]);
+                head.push(':');
+                head.push_str(values[value]);
+                head.push_str(if crlf { "\r\n" } else { "\n" });
+            }
+            head.push_str("\r\n");
+            proptest::prop_assert_eq!(body_framing(head.as_bytes()), body_framing_by_lines(head.as_bytes()));
+        }
+
         /// Whole reads (where a head is looked at in place) and reads of one byte (line by
         /// line) mark the same first request.
         #[test]
