@@ -5,7 +5,9 @@
 //! (`tokio::time::pause`, `start_paused`) and advances it, deadlines, the memory store's TTLs and
 //! the times in records all move with it, so no test has to sleep on the wall clock. Outside a
 //! paused runtime tokio's clock is the monotonic clock, so this is the wall clock read through
-//! an anchor that is taken again whenever the wall clock is stepped by more than a second.
+//! an anchor that is taken again whenever the wall clock is stepped by more than a second. The
+//! wall clock is compared with the anchor at most every [`CHECK_EVERY`], so a step is followed
+//! within that time, and most reads cost two monotonic clock reads and no wall clock read.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -15,11 +17,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 struct Anchor {
     wall: Duration,
     at: Instant,
+    /// When the wall clock was last compared with the anchor.
+    checked: Instant,
 }
 
 /// When the wall clock and the monotonic clock disagree by more than this (the wall clock was
 /// stepped), the anchor is taken again.
 const RESYNC: Duration = Duration::from_secs(1);
+
+/// How often the wall clock is compared with the anchor.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 static ANCHOR: Mutex<Option<Anchor>> = Mutex::new(None);
 
@@ -33,20 +40,24 @@ fn wall() -> Duration {
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     let real = Instant::now();
-    let wall_now = wall();
     let mut anchor = ANCHOR.lock().unwrap_or_else(|p| p.into_inner());
-    let fresh = anchor.as_ref().is_some_and(|a| {
+    let fresh = anchor.as_mut().is_some_and(|a| {
+        if real.saturating_duration_since(a.checked) < CHECK_EVERY {
+            return true;
+        }
+        a.checked = real;
         let expected = a.wall + real.saturating_duration_since(a.at);
-        expected.abs_diff(wall_now) <= RESYNC
+        expected.abs_diff(wall()) <= RESYNC
     });
     if !fresh {
         *anchor = Some(Anchor {
-            wall: wall_now,
+            wall: wall(),
             at: real,
+            checked: real,
         });
     }
     let Some(a) = anchor.as_ref() else {
-        return wall_now.as_millis() as u64;
+        return wall().as_millis() as u64;
     };
     // tokio's clock: the monotonic clock, or the paused (and advanced) one in tests.
     let tokio_now = tokio::time::Instant::now().into_std();
