@@ -208,7 +208,9 @@ impl RedisStore {
         ];
         let code: i64 = match &self.waiters {
             None => {
-                let mut cmd = evalsha(script, keys.len());
+                let bytes = keys.iter().map(String::len).sum::<usize>()
+                    + args.iter().map(|a| a.len()).sum::<usize>();
+                let mut cmd = evalsha(script, keys.len(), keys.len() + args.len(), bytes);
                 cmd.arg(&keys).arg(&args);
                 run_script(script, &cmd, &mut self.conn.clone()).await?
             }
@@ -341,9 +343,13 @@ impl Store for RedisStore {
             let code: i64 = self
                 .op("reserve", async {
                     let script = &self.scripts.reserve;
-                    let mut cmd = evalsha(script, 2);
-                    cmd.arg(self.keys.run(&record.run_id))
-                        .arg(self.keys.record(&record.run_id, &record.tool_call_id))
+                    let run = self.keys.run(&record.run_id);
+                    let key = self.keys.record(&record.run_id, &record.tool_call_id);
+                    // Two keys, then four arguments: two numbers of at most 20 digits each.
+                    let bytes = run.len() + key.len() + record.tool.len() + body.len() + 40;
+                    let mut cmd = evalsha(script, 2, 6, bytes);
+                    cmd.arg(run)
+                        .arg(key)
                         .arg(now_ms)
                         .arg(record.tool.as_str())
                         .arg(&body)
@@ -525,12 +531,14 @@ impl Drop for Lease<'_> {
     }
 }
 
-/// Runs `fut` within `timeout`; a timeout is `STORE_UNAVAILABLE`.
 /// An `EVALSHA` of `script` with `keys` keys, for the keys and then the arguments to be added
-/// to: each is written once into the command's one buffer.
-fn evalsha(script: &Script, keys: usize) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys);
+/// to (`more_args` of them, `bytes` long in all): each is written once into the command's one
+/// buffer.
+fn evalsha(script: &Script, keys: usize, more_args: usize, bytes: usize) -> redis::Cmd {
+    // Sized up front (the hash and the key count are under 64 bytes), so the arguments written
+    // after never grow its buffers.
+    let mut cmd = redis::Cmd::with_capacity(3 + keys + more_args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
     cmd
 }
 
@@ -551,6 +559,7 @@ async fn run_script<T: FromRedisValue>(
     }
 }
 
+/// Runs `fut` within `timeout`; a timeout is `STORE_UNAVAILABLE`.
 async fn bounded<T>(
     timeout: Duration,
     what: &str,
