@@ -103,17 +103,12 @@ impl Connections {
         R: FnOnce(Response<hyper::body::Incoming>) -> F,
         F: Future<Output = (T, bool)>,
     {
-        match self.checkout() {
-            Some(conn) => {
-                self.exchange(conn, true, connector, uri, request, read)
-                    .await
-            }
-            None => {
-                let conn = connect(connector, uri).await?;
-                self.exchange(conn, false, connector, uri, request, read)
-                    .await
-            }
-        }
+        let (conn, pooled) = match self.checkout() {
+            Some(conn) => (conn, true),
+            None => (connect(connector, uri).await?, false),
+        };
+        self.exchange(conn, pooled, connector, uri, request, read)
+            .await
     }
 
     /// [`Connections::send`] on `conn`, which was kept (`pooled`) or has just been opened.
