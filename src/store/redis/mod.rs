@@ -29,10 +29,12 @@
 //! then answers `DUPLICATE_TOOL_CALL`, a retried finalize `INTERNAL`. Either way the call fails
 //! closed; no budget is spent twice and no final record is overwritten.
 
+mod direct;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConfig};
@@ -49,10 +51,14 @@ use super::{
 use crate::config::{Durability, RunPaths, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
 use crate::ids::{RunId, ToolCallId};
+use direct::Primaries;
+pub use direct::{CLIENT_NAME, slot};
 
 /// Redis Cluster store.
 pub struct RedisStore {
     conn: ClusterConnection,
+    /// Straight connections to the primaries, for reserve and finalize ([`direct`]).
+    primaries: Arc<Primaries>,
     /// Connections for finalize with `durability: replica`, `None` with `primary`.
     waiters: Option<WaitPool>,
     keys: Keys,
@@ -141,8 +147,10 @@ impl RedisStore {
             Durability::Primary => None,
             Durability::Replica => Some(WaitPool::new(client)),
         };
+        let primaries = Primaries::new(&cfg.nodes[0], timeout, conn.clone());
         let store = RedisStore {
             conn,
+            primaries,
             waiters,
             keys: Keys {
                 prefix: cfg.key_prefix.clone(),
@@ -187,6 +195,29 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Runs a script that writes one run's keys (`key` is one of them): on the direct
+    /// connection to the primary that owns the run's slot when it is known, else, and once more
+    /// after any failure there, through the cluster client.
+    async fn write(&self, key: &str, script: &Script, cmd: &redis::Cmd) -> Result<i64> {
+        if let Some(mut direct) = self.primaries.connection(key) {
+            match run_script(script, cmd, &mut direct.conn).await {
+                Ok(code) => {
+                    direct.succeeded();
+                    return Ok(code);
+                }
+                Err(e) => {
+                    tracing::debug!(cause = %e, "direct write failed; sent through the cluster client")
+                }
+            }
+        }
+        run_script(script, cmd, &mut self.conn.clone()).await
+    }
+
+    /// Whether reserve and finalize go straight to the primaries (the slot map is known).
+    pub fn direct_ready(&self) -> bool {
+        self.primaries.ready()
+    }
+
     /// Runs one operation within the store timeout.
     async fn op<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
         bounded(self.timeout, what, fut).await
@@ -212,7 +243,7 @@ impl RedisStore {
                     + args.iter().map(|a| a.len()).sum::<usize>();
                 let mut cmd = evalsha(script, keys.len(), keys.len() + args.len(), bytes);
                 cmd.arg(&keys).arg(&args);
-                run_script(script, &cmd, &mut self.conn.clone()).await?
+                self.write(&keys[1], script, &cmd).await?
             }
             Some(waiters) => {
                 let mut lease = waiters.lease().await?;
@@ -348,13 +379,13 @@ impl Store for RedisStore {
                     // Two keys, then four arguments: two numbers of at most 20 digits each.
                     let bytes = run.len() + key.len() + record.tool.len() + body.len() + 40;
                     let mut cmd = evalsha(script, 2, 6, bytes);
-                    cmd.arg(run)
+                    cmd.arg(&run)
                         .arg(key)
                         .arg(now_ms)
                         .arg(record.tool.as_str())
                         .arg(&body)
                         .arg(self.record_ttl_ms);
-                    run_script(script, &cmd, &mut self.conn.clone()).await
+                    self.write(&run, script, &cmd).await
                 })
                 .await?;
             match code {
@@ -548,7 +579,7 @@ fn evalsha(script: &Script, keys: usize, more_args: usize, bytes: usize) -> redi
 async fn run_script<T: FromRedisValue>(
     script: &Script,
     cmd: &redis::Cmd,
-    conn: &mut ClusterConnection,
+    conn: &mut impl redis::aio::ConnectionLike,
 ) -> Result<T> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {

@@ -3,6 +3,7 @@
 //! connections. The outages (a frozen cluster, one that comes up late, a primary killed under
 //! load) are in [`outages`], a slot migrated under load in [`reshard`].
 
+mod direct;
 mod outages;
 mod reshard;
 

@@ -1,0 +1,375 @@
+//! Connections straight to the cluster's primaries, for the two writes of every tool call
+//! (reserve, and finalize with `durability: primary`).
+//!
+//! The cluster client routes every command through a task of its own, which then hands it to
+//! the node's connection task: two hops each way. A write whose slot owner is known here goes
+//! to that primary's connection directly: one hop. The slot owners come from `CLUSTER SLOTS`,
+//! asked in the background; until they are known, and after any failure on a direct
+//! connection, writes go through the cluster client, which follows `MOVED`/`ASK`, waits out a
+//! failover and reconnects. So the direct path is only a shortcut: a redirect, a dead node or a
+//! timeout there forgets the whole map, and the same command is sent once through the cluster
+//! client, within the same store timeout. Redis refuses a command on a node that does not own
+//! its slot (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write
+//! land on the wrong node.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+
+/// Redis Cluster's slot count.
+const SLOTS: usize = 16384;
+
+/// A map is asked for at most this often, so a cluster in flux (a failover under way, gossip
+/// not yet converged) is not asked again on every failed write.
+const REFRESH_GAP: Duration = Duration::from_secs(1);
+
+/// The name the direct connections give themselves (`CLIENT SETNAME`), so that `CLIENT LIST`
+/// on a node tells them from the cluster client's.
+pub const CLIENT_NAME: &str = "toolgate-primary";
+
+/// Marks a slot no known primary serves.
+const NO_OWNER: u16 = u16::MAX;
+
+/// The slot of `key`, as Redis Cluster computes it: CRC16 (XMODEM) of the key's hash tag (the
+/// text between its first `{` and the next `}`, when that is not empty), else of the whole key,
+/// modulo 16384.
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+/// The primaries' connections and which slots each owns.
+struct SlotMap {
+    /// For each slot, an index into `primaries`, or [`NO_OWNER`].
+    owners: Box<[u16]>,
+    primaries: Vec<MultiplexedConnection>,
+}
+
+/// Direct connections to the primaries, refreshed in the background.
+pub struct Primaries {
+    /// Scheme, TLS settings and credentials of the configured nodes; each primary's address
+    /// replaces the host and port. `None` (a Unix socket) disables the direct path.
+    template: Option<ConnectionInfo>,
+    config: AsyncConnectionConfig,
+    timeout: Duration,
+    cluster: ClusterConnection,
+    map: RwLock<Option<Arc<SlotMap>>>,
+    refreshing: AtomicBool,
+    last_refresh: Mutex<Option<Instant>>,
+}
+
+impl Primaries {
+    /// `node` is one configured node URL: its scheme, TLS settings and credentials are used for
+    /// every primary. The map is first asked for in the background.
+    pub fn new(node: &str, timeout: Duration, cluster: ClusterConnection) -> Arc<Primaries> {
+        let template = node
+            .into_connection_info()
+            .ok()
+            .filter(|info| !matches!(info.addr(), ConnectionAddr::Unix(_)));
+        let primaries = Arc::new(Primaries {
+            template,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout)),
+            timeout,
+            cluster,
+            map: RwLock::new(None),
+            refreshing: AtomicBool::new(false),
+            last_refresh: Mutex::new(None),
+        });
+        primaries.refresh_soon();
+        primaries
+    }
+
+    /// The connection to the primary that owns `key`'s slot, if it is known. An unknown map is
+    /// asked for in the background.
+    pub fn connection(self: &Arc<Self>, key: &str) -> Option<Direct> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(map) = map else {
+            self.refresh_soon();
+            return None;
+        };
+        let owner = map.owners[usize::from(slot(key.as_bytes()))];
+        let conn = map.primaries.get(usize::from(owner))?.clone();
+        Some(Direct {
+            conn,
+            primaries: self.clone(),
+            done: false,
+        })
+    }
+
+    /// Whether a slot map is in use: for tests and the benchmark's checks.
+    pub fn ready(&self) -> bool {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Drops the map (its connections close with their last use) and asks for a new one.
+    fn forget(self: &Arc<Self>) {
+        *self.map.write().unwrap_or_else(|p| p.into_inner()) = None;
+        self.refresh_soon();
+    }
+
+    /// Starts one background refresh, unless one is under way; it waits out [`REFRESH_GAP`]
+    /// since the last one.
+    fn refresh_soon(self: &Arc<Self>) {
+        if self.template.is_none() || self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let primaries = self.clone();
+        tokio::spawn(async move {
+            let last = *primaries
+                .last_refresh
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(wait) = last.and_then(|at| REFRESH_GAP.checked_sub(at.elapsed())) {
+                tokio::time::sleep(wait).await;
+            }
+            *primaries
+                .last_refresh
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            match tokio::time::timeout(primaries.timeout * 2, primaries.fetch()).await {
+                Ok(Ok(map)) => {
+                    *primaries.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map))
+                }
+                Ok(Err(e)) => tracing::debug!(cause = %e, "redis-cluster slot map not refreshed"),
+                Err(_) => tracing::debug!("redis-cluster slot map not refreshed in time"),
+            }
+            primaries.refreshing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Asks a node for the slot owners and connects to each primary. A primary that cannot be
+    /// reached now leaves its slots to the cluster client.
+    async fn fetch(&self) -> redis::RedisResult<SlotMap> {
+        let Some(template) = &self.template else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "no direct path for this address",
+            )));
+        };
+        let mut cluster = self.cluster.clone();
+        let reply = cluster
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        let ranges = parse_slots(&reply).ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Parse, "unexpected CLUSTER SLOTS reply"))
+        })?;
+        let mut owners = vec![NO_OWNER; SLOTS].into_boxed_slice();
+        let mut addresses: Vec<(String, u16)> = Vec::new();
+        let mut primaries = Vec::new();
+        for (start, end, host, port) in ranges {
+            let index = match addresses.iter().position(|(h, p)| *h == host && *p == port) {
+                Some(i) => Some(i),
+                None => {
+                    let conn = match with_address(template, host.clone(), port) {
+                        Some(info) => self.connect(info).await.ok(),
+                        None => None,
+                    };
+                    conn.map(|conn| {
+                        addresses.push((host, port));
+                        primaries.push(conn);
+                        primaries.len() - 1
+                    })
+                }
+            };
+            if let Some(index) = index.and_then(|i| u16::try_from(i).ok()) {
+                for owner in &mut owners[usize::from(start)..=usize::from(end)] {
+                    *owner = index;
+                }
+            }
+        }
+        Ok(SlotMap { owners, primaries })
+    }
+
+    async fn connect(&self, info: ConnectionInfo) -> redis::RedisResult<MultiplexedConnection> {
+        let mut conn = redis::Client::open(info)?
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(CLIENT_NAME)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(conn)
+    }
+}
+
+/// A write on a direct connection. Dropped before [`Direct::succeeded`] (it failed, or the
+/// store timeout cut it off), it forgets the map, so the next writes go through the cluster
+/// client until a new one is known.
+pub struct Direct {
+    pub conn: MultiplexedConnection,
+    primaries: Arc<Primaries>,
+    done: bool,
+}
+
+impl Direct {
+    pub fn succeeded(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Direct {
+    fn drop(&mut self) {
+        if !self.done {
+            self.primaries.forget();
+        }
+    }
+}
+
+/// `template` with `host:port` as its address, keeping its TLS settings and credentials.
+fn with_address(template: &ConnectionInfo, host: String, port: u16) -> Option<ConnectionInfo> {
+    let addr = match template.addr() {
+        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host, port),
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        },
+        _ => return None,
+    };
+    Some(template.clone().set_addr(addr))
+}
+
+/// The `(first slot, last slot, primary host, primary port)` ranges of a `CLUSTER SLOTS`
+/// reply. A range whose primary has no usable address (an empty host or `?`) is left out.
+fn parse_slots(reply: &Value) -> Option<Vec<(u16, u16, String, u16)>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let [
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(primary),
+            ..,
+        ] = fields.as_slice()
+        else {
+            return None;
+        };
+        let [host, Value::Int(port), ..] = primary.as_slice() else {
+            return None;
+        };
+        let host = match host {
+            Value::BulkString(b) => String::from_utf8(b.clone()).ok()?,
+            Value::SimpleString(s) => s.clone(),
+            _ => return None,
+        };
+        let start = u16::try_from(*start)
+            .ok()
+            .filter(|&s| usize::from(s) < SLOTS)?;
+        let end = u16::try_from(*end)
+            .ok()
+            .filter(|&e| usize::from(e) < SLOTS && e >= start)?;
+        let port = u16::try_from(*port).ok()?;
+        if host.is_empty() || host == "?" {
+            continue;
+        }
+        out.push((start, end, host, port));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_the_ones_redis_computes() {
+        // Redis Cluster's own examples and test vectors (cluster spec, `CLUSTER KEYSLOT`).
+        assert_eq!(
+            crc16::State::<crc16::XMODEM>::calculate(b"123456789"),
+            0x31C3
+        );
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"bar"), 5061);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"{user1000}.followers"), slot(b"user1000"));
+        // An empty tag hashes the whole key; only the first `{` counts.
+        assert_eq!(slot(b"foo{}{bar}"), crc16_whole(b"foo{}{bar}"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(slot(b"toolgate:{run-1}:run"), slot(b"run-1"));
+    }
+
+    fn crc16_whole(key: &[u8]) -> u16 {
+        crc16::State::<crc16::XMODEM>::calculate(key) % SLOTS as u16
+    }
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn slot_ranges_are_read_from_the_reply() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(7000), bulk("id0")]),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(7003), bulk("id3")]),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(10922),
+                Value::Array(vec![bulk("?"), Value::Int(7001)]),
+            ]),
+        ]);
+        assert_eq!(
+            parse_slots(&reply),
+            Some(vec![(0, 5460, "127.0.0.1".to_string(), 7000)])
+        );
+        let bad_range = Value::Array(vec![Value::Array(vec![
+            Value::Int(9),
+            Value::Int(3),
+            Value::Array(vec![bulk("h"), Value::Int(1)]),
+        ])]);
+        assert_eq!(parse_slots(&bad_range), None);
+        let past_the_end = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16384),
+            Value::Array(vec![bulk("h"), Value::Int(1)]),
+        ])]);
+        assert_eq!(parse_slots(&past_the_end), None);
+        assert_eq!(parse_slots(&Value::Nil), None);
+    }
+
+    #[test]
+    fn addresses_keep_the_scheme_and_credentials() {
+        let template = "redis://user:secret@10.0.0.1:6379"
+            .into_connection_info()
+            .unwrap();
+        let info = with_address(&template, "10.0.0.9".into(), 7001).unwrap();
+        assert_eq!(info.addr(), &ConnectionAddr::Tcp("10.0.0.9".into(), 7001));
+        assert_eq!(info.redis_settings().username(), Some("user"));
+        assert_eq!(info.redis_settings().password(), Some("secret"));
+        let tls = "rediss://h:6380/#insecure".into_connection_info().unwrap();
+        let info = with_address(&tls, "n2".into(), 7002).unwrap();
+        assert!(matches!(
+            info.addr(),
+            ConnectionAddr::TcpTls { host, port: 7002, insecure: true, .. } if host == "n2"
+        ));
+    }
+}
