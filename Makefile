@@ -28,7 +28,7 @@ fmt:
 	cargo fmt --all -- --check
 
 clippy:
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --all-targets -p toolgate -p toolgate-alloc -- -D warnings
 
 test:
 	scripts/test.sh

@@ -11,9 +11,10 @@ use toolgate::injector::{self, InjectorArgs, InjectorError, InjectorSettings};
 use toolgate::listen::{self, Listeners, Options};
 
 /// mimalloc instead of glibc malloc: the allocator was the largest single cost on the call
-/// path (a third of the instructions per call under callgrind, plus lock contention).
+/// path (a third of the instructions per call under callgrind, plus lock contention). It is
+/// called the way the system allocator is (`toolgate-alloc`, in `alloc/`).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: toolgate_alloc::Mimalloc = toolgate_alloc::Mimalloc;
 
 /// Turns transparent huge pages off for this process, before its heap grows.
 ///
