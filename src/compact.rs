@@ -552,8 +552,10 @@ impl Writer<'_> {
 
 /// How many bytes at the start of `bytes` need nothing done in a string: up to the first
 /// quote, backslash or control character (`None`: the text ends first). Eight bytes at a
-/// time: a word holds one of those exactly when one of three byte-wise tests (a byte equal
-/// to `"`, equal to `\`, below 0x20) sets a high bit; the bytes are then looked at one by one.
+/// time: three byte-wise tests (a byte equal to `"`, equal to `\`, below 0x20) each set the
+/// high bit of a byte they match. A borrow can also set it in bytes above a match, never below
+/// the first one, so the lowest bit set is the first stop byte. The last few bytes (fewer
+/// than eight) are looked at one by one.
 fn plain_run(bytes: &[u8]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH: u64 = ONES << 7;
@@ -562,11 +564,12 @@ fn plain_run(bytes: &[u8]) -> Option<usize> {
         let word = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).ok()?);
         let quote = word ^ (ONES * u64::from(b'"'));
         let slash = word ^ (ONES * u64::from(b'\\'));
-        let flagged = (quote.wrapping_sub(ONES) & !quote)
+        let flagged = ((quote.wrapping_sub(ONES) & !quote)
             | (slash.wrapping_sub(ONES) & !slash)
-            | (word.wrapping_sub(ONES * 0x20) & !word);
-        if flagged & HIGH != 0 {
-            break;
+            | (word.wrapping_sub(ONES * 0x20) & !word))
+            & HIGH;
+        if flagged != 0 {
+            return Some(i + (flagged.trailing_zeros() / 8) as usize);
         }
         i += 8;
     }
@@ -1110,6 +1113,21 @@ mod tests {
             for p in &all {
                 selects_what_pointer_finds(&text, p, keep);
             }
+        }
+
+        #[test]
+        fn plain_runs_end_at_the_first_stop_byte(
+            bytes in proptest::collection::vec(
+                prop_oneof![Just(b'"'), Just(b'\\'), 0u8..0x20, 0x20u8..=0xff],
+                0..40,
+            ),
+            plain in 0usize..24,
+        ) {
+            // Mostly plain bytes first, so runs cross several words.
+            let mut input = vec![b'a'; plain];
+            input.extend(bytes);
+            let first = input.iter().position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+            prop_assert_eq!(plain_run(&input), first, "{:?}", input);
         }
 
         #[test]
