@@ -219,6 +219,9 @@ pub struct Metrics {
     invocation_duration: HistogramFamily<ToolStatusLabels>,
     upstream_duration: HistogramFamily<ToolLabels>,
     store_duration: HistogramFamily<OpLabels>,
+    /// Each operation's series of `store_duration`, kept once made: two store operations run
+    /// on every call, and a family lookup hashes and locks.
+    store_timers: [OnceLock<Histogram>; StoreOp::ALL.len()],
     store_errors: Family<OpLabels, Counter>,
     in_flight: Family<ToolLabels, Gauge<i64, AtomicI64>>,
     config_reloads: Family<ResultLabels, Counter>,
@@ -354,6 +357,7 @@ impl Metrics {
             invocation_duration,
             upstream_duration,
             store_duration,
+            store_timers: Default::default(),
             store_errors,
             in_flight,
             config_reloads,
@@ -556,8 +560,8 @@ impl Metrics {
 
 impl Observer for Metrics {
     fn store_op(&self, op: StoreOp, elapsed: Duration, unavailable: bool) {
-        self.store_duration
-            .get_or_create(&OpLabels { op })
+        self.store_timers[op as usize]
+            .get_or_init(|| self.store_duration.get_or_create(&OpLabels { op }).clone())
             .observe(elapsed.as_secs_f64());
         if unavailable {
             self.store_errors.get_or_create(&OpLabels { op }).inc();
@@ -630,6 +634,25 @@ mod tests {
             "# HELP toolgate_failures Calls that ended in an error",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn each_store_operation_is_timed_in_its_own_series() {
+        let m = Metrics::new();
+        for (i, op) in StoreOp::ALL.into_iter().enumerate() {
+            for _ in 0..=i {
+                m.store_op(op, Duration::from_millis(1), false);
+            }
+        }
+        let text = m.encode();
+        for (i, op) in StoreOp::ALL.into_iter().enumerate() {
+            let needle = format!(
+                "toolgate_store_operation_duration_seconds_count{{op=\"{}\"}} {}",
+                op.as_str(),
+                i + 1
+            );
+            assert!(text.contains(&needle), "missing {needle} in\n{text}");
         }
     }
 
