@@ -556,7 +556,7 @@ impl Writer<'_> {
 /// high bit of a byte they match. A borrow can also set it in bytes above a match, never below
 /// the first one, so the lowest bit set is the first stop byte. The last few bytes (fewer
 /// than eight) are looked at one by one.
-fn plain_run(bytes: &[u8]) -> Option<usize> {
+pub(crate) fn plain_run(bytes: &[u8]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([1; 8]);
     const HIGH: u64 = ONES << 7;
     let mut i = 0;

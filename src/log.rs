@@ -192,13 +192,9 @@ fn escaped(out: &mut impl Write, s: &str) -> fmt::Result {
 /// `s` escaped as inside a JSON string, without the quotes.
 fn escaped_body(out: &mut impl Write, s: &str) -> fmt::Result {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    // Most values (ids, names, codes) need no escape: one scan (without an early exit, so it
-    // is vectorized), one write.
-    let plain = |b: u8| b >= 0x20 && b != b'"' && b != b'\\';
-    if s.bytes().fold(true, |all, b| all & plain(b)) {
-        return out.write_str(s);
-    }
-    let Some(first) = s.bytes().position(|b| !plain(b)) else {
+    // Most values (ids, names, codes) need no escape: one scan, eight bytes at a time, for the
+    // first byte that needs one (a quote, a backslash or a control character), one write.
+    let Some(first) = crate::compact::plain_run(s.as_bytes()) else {
         return out.write_str(s);
     };
     out.write_str(&s[..first])?;
