@@ -35,6 +35,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConfig};
@@ -219,8 +220,8 @@ impl RedisStore {
     }
 
     /// Runs one operation within the store timeout.
-    async fn op<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        bounded(self.timeout, what, fut).await
+    fn op<T, F: Future<Output = Result<T>>>(&self, what: &'static str, fut: F) -> Bounded<F> {
+        bounded(self.timeout, what, fut)
     }
 
     async fn finalize_inner(&self, record: &Record, prepared: &PreparedFinal) -> Result<Finalized> {
@@ -591,22 +592,50 @@ async fn run_script<T: FromRedisValue>(
 }
 
 /// Runs `fut` within `timeout`; a timeout is `STORE_UNAVAILABLE`.
-async fn bounded<T>(
+///
+/// A future of its own rather than an `async fn`: an `async fn` keeps its argument and the
+/// `Timeout` it was moved into side by side, so the store's operation futures, about 1 KiB,
+/// were held (and copied) twice at every layer.
+fn bounded<T, F: Future<Output = Result<T>>>(
     timeout: Duration,
-    what: &str,
-    fut: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(result) => result.map_err(|mut e| {
-            if e.code == Code::StoreUnavailable {
-                e.cause = format!("{what}: {}", e.cause);
-            }
-            e
-        }),
-        Err(_) => Err(Error::store(format!(
-            "{what}: no answer within {} ms",
-            timeout.as_millis()
-        ))),
+    what: &'static str,
+    fut: F,
+) -> Bounded<F> {
+    Bounded {
+        inner: tokio::time::timeout(timeout, fut),
+        timeout,
+        what,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`bounded`].
+    struct Bounded<F> {
+        #[pin]
+        inner: tokio::time::Timeout<F>,
+        timeout: Duration,
+        what: &'static str,
+    }
+}
+
+impl<T, F: Future<Output = Result<T>>> Future for Bounded<F> {
+    type Output = Result<T>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Result<T>> {
+        let this = self.project();
+        let what = *this.what;
+        this.inner.poll(cx).map(|done| match done {
+            Ok(result) => result.map_err(|mut e| {
+                if e.code == Code::StoreUnavailable {
+                    e.cause = format!("{what}: {}", e.cause);
+                }
+                e
+            }),
+            Err(_) => Err(Error::store(format!(
+                "{what}: no answer within {} ms",
+                this.timeout.as_millis()
+            ))),
+        })
     }
 }
 
