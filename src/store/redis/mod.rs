@@ -14,6 +14,10 @@
 //! | `progress`   | 1 | `EVALSHA progress` |
 //! | `ping`       | 1 per primary, concurrently | `PING` |
 //!
+//! Reserve and finalize (with `durability: primary`) go straight to the primary that owns the
+//! run's slot, on a connection of toolgate's own to each primary ([`direct`]); everything else,
+//! and those two whenever the direct path fails, goes through the cluster client.
+//!
 //! So a tool call costs 2 round trips (reserve + finalize), with either durability. A script
 //! missing from a node's cache (first use, a restarted or promoted node) costs `NOSCRIPT`,
 //! `SCRIPT LOAD` and a retry, once.
