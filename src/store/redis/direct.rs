@@ -2,24 +2,26 @@
 //! (reserve, and finalize with `durability: primary`).
 //!
 //! The cluster client routes every command through a task of its own, which then hands it to
-//! the node's connection task: two hops each way. A write whose slot owner is known here goes
-//! to that primary's connection directly: one hop. The slot owners come from `CLUSTER SLOTS`,
-//! asked in the background; until they are known, and after any failure on a direct
-//! connection, writes go through the cluster client, which follows `MOVED`/`ASK`, waits out a
-//! failover and reconnects. So the direct path is only a shortcut: a redirect, a dead node or a
-//! timeout there forgets the whole map, and the same command is sent once through the cluster
-//! client, within the same store timeout. Redis refuses a command on a node that does not own
-//! its slot (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write
-//! land on the wrong node.
+//! the node's connection task: two hops each way. A write whose slot owner is known here takes
+//! one of that primary's own connections ([`super::resp`]) and drives it itself: no hop. The
+//! slot owners come from `CLUSTER SLOTS`, asked in the background; until they are known, and
+//! after any failure on a direct connection, writes go through the cluster client, which
+//! follows `MOVED`/`ASK`, waits out a failover and reconnects. So the direct path is only a
+//! shortcut: a redirect, a dead node or a timeout there forgets the whole map (and with it the
+//! primaries' idle connections), and the same command is sent once through the cluster client,
+//! within the same store timeout. Redis refuses a command on a node that does not own its slot
+//! (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write land on
+//! the wrong node.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Value};
+use redis::{ConnectionAddr, IntoConnectionInfo, Value};
+
+use super::resp::{Handshake, Node, Reply};
 
 /// Redis Cluster's slot count.
 const SLOTS: usize = 16384;
@@ -47,19 +49,18 @@ pub fn slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS as u16
 }
 
-/// The primaries' connections and which slots each owns.
+/// The primaries and which slots each owns.
 struct SlotMap {
     /// For each slot, an index into `primaries`, or [`NO_OWNER`].
     owners: Box<[u16]>,
-    primaries: Vec<MultiplexedConnection>,
+    primaries: Vec<Arc<Node>>,
 }
 
 /// Direct connections to the primaries, refreshed in the background.
 pub struct Primaries {
-    /// Scheme, TLS settings and credentials of the configured nodes; each primary's address
-    /// replaces the host and port. `None` (a Unix socket) disables the direct path.
-    template: Option<ConnectionInfo>,
-    config: AsyncConnectionConfig,
+    /// TLS settings and the commands that open each connection, from the configured nodes.
+    /// `None` (a Unix socket, an `#insecure` TLS URL) disables the direct path.
+    handshake: Option<Arc<Handshake>>,
     timeout: Duration,
     cluster: ClusterConnection,
     map: RwLock<Option<Arc<SlotMap>>>,
@@ -67,19 +68,27 @@ pub struct Primaries {
     last_refresh: Mutex<Option<Instant>>,
 }
 
+/// What a direct write came to.
+pub enum Outcome {
+    /// The script's result code.
+    Code(i64),
+    /// Not sent, or failed: send it through the cluster client.
+    Detour,
+}
+
 impl Primaries {
-    /// `node` is one configured node URL: its scheme, TLS settings and credentials are used for
-    /// every primary. The map is first asked for in the background.
+    /// `node` is one configured node URL: its scheme and credentials are used for every
+    /// primary. The map is first asked for in the background.
     pub fn new(node: &str, timeout: Duration, cluster: ClusterConnection) -> Arc<Primaries> {
-        let template = node
-            .into_connection_info()
-            .ok()
-            .filter(|info| !matches!(info.addr(), ConnectionAddr::Unix(_)));
+        let handshake = match handshake(node) {
+            Ok(h) => h.map(Arc::new),
+            Err(e) => {
+                tracing::warn!(cause = %e, "redis-cluster writes go through the cluster client only");
+                None
+            }
+        };
         let primaries = Arc::new(Primaries {
-            template,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(timeout))
-                .set_response_timeout(Some(timeout)),
+            handshake,
             timeout,
             cluster,
             map: RwLock::new(None),
@@ -90,21 +99,49 @@ impl Primaries {
         primaries
     }
 
-    /// The connection to the primary that owns `key`'s slot, if it is known. An unknown map is
-    /// asked for in the background.
-    pub fn connection(self: &Arc<Self>, key: &str) -> Option<Direct> {
+    /// Runs the command that `pack` writes on the primary that owns `key`'s slot, when the
+    /// owner is known; an unknown map is asked for in the background. Any failure (an error
+    /// reply, a dead connection, the caller dropping this future) forgets the map, except
+    /// `NOSCRIPT`, which only the cluster client's retry (it loads the script) can cure.
+    pub async fn write(self: &Arc<Self>, key: &str, pack: impl FnOnce(&mut Vec<u8>)) -> Outcome {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(map) = map else {
             self.refresh_soon();
-            return None;
+            return Outcome::Detour;
         };
         let owner = map.owners[usize::from(slot(key.as_bytes()))];
-        let conn = map.primaries.get(usize::from(owner))?.clone();
-        Some(Direct {
-            conn,
-            primaries: self.clone(),
-            done: false,
-        })
+        let Some(node) = map.primaries.get(usize::from(owner)) else {
+            return Outcome::Detour;
+        };
+        let mut guard = Forget(Some(self));
+        let reply = match node.checkout().await {
+            Ok(mut conn) => match conn.call(pack).await {
+                Ok(reply) => {
+                    node.checkin(conn);
+                    Ok(reply)
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match reply {
+            Ok(Reply::Int(code)) => {
+                guard.0 = None;
+                Outcome::Code(code)
+            }
+            Ok(Reply::Error(e)) if e.starts_with("NOSCRIPT") => {
+                guard.0 = None;
+                Outcome::Detour
+            }
+            Ok(other) => {
+                tracing::debug!(reply = ?other, "direct write refused; sent through the cluster client");
+                Outcome::Detour
+            }
+            Err(e) => {
+                tracing::debug!(cause = %e, "direct write failed; sent through the cluster client");
+                Outcome::Detour
+            }
+        }
     }
 
     /// Whether a slot map is in use: for tests and the benchmark's checks.
@@ -121,7 +158,7 @@ impl Primaries {
     /// Starts one background refresh, unless one is under way; it waits out [`REFRESH_GAP`]
     /// since the last one.
     fn refresh_soon(self: &Arc<Self>) {
-        if self.template.is_none() || self.refreshing.swap(true, Ordering::AcqRel) {
+        if self.handshake.is_none() || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let primaries = self.clone();
@@ -148,10 +185,10 @@ impl Primaries {
         });
     }
 
-    /// Asks a node for the slot owners and connects to each primary. A primary that cannot be
-    /// reached now leaves its slots to the cluster client.
+    /// Asks a node for the slot owners and opens one connection to each primary. A primary
+    /// that cannot be reached now leaves its slots to the cluster client.
     async fn fetch(&self) -> redis::RedisResult<SlotMap> {
-        let Some(template) = &self.template else {
+        let Some(handshake) = &self.handshake else {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "no direct path for this address",
@@ -174,15 +211,19 @@ impl Primaries {
             let index = match addresses.iter().position(|(h, p)| *h == host && *p == port) {
                 Some(i) => Some(i),
                 None => {
-                    let conn = match with_address(template, host.clone(), port) {
-                        Some(info) => self.connect(info).await.ok(),
-                        None => None,
-                    };
-                    conn.map(|conn| {
-                        addresses.push((host, port));
-                        primaries.push(conn);
-                        primaries.len() - 1
-                    })
+                    let node = Node::new(host.clone(), port, handshake.clone());
+                    match node.connect().await {
+                        Ok(conn) => {
+                            node.checkin(conn);
+                            addresses.push((host, port));
+                            primaries.push(Arc::new(node));
+                            Some(primaries.len() - 1)
+                        }
+                        Err(e) => {
+                            tracing::debug!(cause = %e, "redis-cluster primary not reached directly");
+                            None
+                        }
+                    }
                 }
             };
             if let Some(index) = index.and_then(|i| u16::try_from(i).ok()) {
@@ -193,60 +234,69 @@ impl Primaries {
         }
         Ok(SlotMap { owners, primaries })
     }
-
-    async fn connect(&self, info: ConnectionInfo) -> redis::RedisResult<MultiplexedConnection> {
-        let mut conn = redis::Client::open(info)?
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
-        redis::cmd("CLIENT")
-            .arg("SETNAME")
-            .arg(CLIENT_NAME)
-            .query_async::<()>(&mut conn)
-            .await?;
-        Ok(conn)
-    }
 }
 
-/// A write on a direct connection. Dropped before [`Direct::succeeded`] (it failed, or the
-/// store timeout cut it off), it forgets the map, so the next writes go through the cluster
-/// client until a new one is known.
-pub struct Direct {
-    pub conn: MultiplexedConnection,
-    primaries: Arc<Primaries>,
-    done: bool,
-}
+/// Forgets the map when dropped holding it: a direct write that failed, or was cut off.
+struct Forget<'a>(Option<&'a Arc<Primaries>>);
 
-impl Direct {
-    pub fn succeeded(mut self) {
-        self.done = true;
-    }
-}
-
-impl Drop for Direct {
+impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        if !self.done {
-            self.primaries.forget();
+        if let Some(primaries) = self.0 {
+            primaries.forget();
         }
     }
 }
 
-/// `template` with `host:port` as its address, keeping its TLS settings and credentials.
-fn with_address(template: &ConnectionInfo, host: String, port: u16) -> Option<ConnectionInfo> {
-    let addr = match template.addr() {
-        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host, port),
+/// How to open a direct connection, from one configured node URL: TLS for `rediss://`
+/// (verified against the system's certificate store, as the cluster client does), then `AUTH`
+/// with the URL's credentials and `CLIENT SETNAME`. `None` when the URL is not one the direct
+/// path serves: a Unix socket, or TLS marked `#insecure`.
+fn handshake(node: &str) -> Result<Option<Handshake>, String> {
+    let info = node.into_connection_info().map_err(|e| e.to_string())?;
+    let tls = match info.addr() {
+        ConnectionAddr::Tcp(..) => None,
         ConnectionAddr::TcpTls {
-            insecure,
-            tls_params,
-            ..
-        } => ConnectionAddr::TcpTls {
-            host,
-            port,
-            insecure: *insecure,
-            tls_params: tls_params.clone(),
-        },
-        _ => return None,
+            insecure: false, ..
+        } => Some(tls_connector()?),
+        _ => return Ok(None),
     };
-    Some(template.clone().set_addr(addr))
+    let settings = info.redis_settings();
+    let mut commands = Vec::new();
+    let mut replies = 1;
+    if let Some(password) = settings.password() {
+        let mut auth = redis::cmd("AUTH");
+        if let Some(user) = settings.username() {
+            auth.arg(user);
+        }
+        auth.arg(password).write_packed_command(&mut commands);
+        replies += 1;
+    }
+    redis::cmd("CLIENT")
+        .arg("SETNAME")
+        .arg(CLIENT_NAME)
+        .write_packed_command(&mut commands);
+    Ok(Some(Handshake {
+        tls,
+        commands,
+        replies,
+    }))
+}
+
+fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    if let Some(e) = native.errors.first() {
+        return Err(format!("system certificates: {e}"));
+    }
+    roots.add_parsable_certificates(native.certs);
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS setup failed: {e}"))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
 /// The `(first slot, last slot, primary host, primary port)` ranges of a `CLUSTER SLOTS`
@@ -357,19 +407,33 @@ mod tests {
     }
 
     #[test]
-    fn addresses_keep_the_scheme_and_credentials() {
-        let template = "redis://user:secret@10.0.0.1:6379"
-            .into_connection_info()
+    fn the_handshake_carries_the_urls_credentials() {
+        let packed = |args: &[&str]| {
+            let mut cmd = redis::Cmd::new();
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd.get_packed_command()
+        };
+        let setname = packed(&["CLIENT", "SETNAME", CLIENT_NAME]);
+        let h = handshake("redis://user:secret@10.0.0.1:6379")
+            .unwrap()
             .unwrap();
-        let info = with_address(&template, "10.0.0.9".into(), 7001).unwrap();
-        assert_eq!(info.addr(), &ConnectionAddr::Tcp("10.0.0.9".into(), 7001));
-        assert_eq!(info.redis_settings().username(), Some("user"));
-        assert_eq!(info.redis_settings().password(), Some("secret"));
-        let tls = "rediss://h:6380/#insecure".into_connection_info().unwrap();
-        let info = with_address(&tls, "n2".into(), 7002).unwrap();
-        assert!(matches!(
-            info.addr(),
-            ConnectionAddr::TcpTls { host, port: 7002, insecure: true, .. } if host == "n2"
-        ));
+        assert!(h.tls.is_none());
+        assert_eq!(h.replies, 2);
+        assert_eq!(
+            h.commands,
+            [packed(&["AUTH", "user", "secret"]), setname.clone()].concat()
+        );
+        let h = handshake("redis://:secret@10.0.0.1:6379").unwrap().unwrap();
+        assert_eq!(
+            h.commands,
+            [packed(&["AUTH", "secret"]), setname.clone()].concat()
+        );
+        let h = handshake("redis://10.0.0.1:6379").unwrap().unwrap();
+        assert_eq!((h.commands, h.replies), (setname, 1));
+        assert!(handshake("rediss://h:6380").unwrap().unwrap().tls.is_some());
+        assert!(handshake("rediss://h:6380/#insecure").unwrap().is_none());
+        assert!(handshake("not a url").is_err());
     }
 }

@@ -15,8 +15,9 @@
 //! | `ping`       | 1 per primary, concurrently | `PING` |
 //!
 //! Reserve and finalize (with `durability: primary`) go straight to the primary that owns the
-//! run's slot, on a connection of toolgate's own to each primary ([`direct`]); everything else,
-//! and those two whenever the direct path fails, goes through the cluster client.
+//! run's slot, on connections of toolgate's own to each primary ([`direct`], [`resp`]);
+//! everything else, and those two whenever the direct path fails, goes through the cluster
+//! client.
 //!
 //! So a tool call costs 2 round trips (reserve + finalize), with either durability. A script
 //! missing from a node's cache (first use, a restarted or promoted node) costs `NOSCRIPT`,
@@ -34,6 +35,7 @@
 //! closed; no budget is spent twice and no final record is overwritten.
 
 mod direct;
+mod resp;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -56,8 +58,8 @@ use super::{
 use crate::config::{Durability, RunPaths, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
 use crate::ids::{RunId, ToolCallId};
-use direct::Primaries;
 pub use direct::{CLIENT_NAME, slot};
+use direct::{Outcome, Primaries};
 
 /// Redis Cluster store.
 pub struct RedisStore {
@@ -204,18 +206,14 @@ impl RedisStore {
     /// connection to the primary that owns the run's slot when it is known, else, and once more
     /// after any failure there, through the cluster client.
     async fn write(&self, key: &str, script: &Script, cmd: &redis::Cmd) -> Result<i64> {
-        if let Some(mut direct) = self.primaries.connection(key) {
-            match run_script(script, cmd, &mut direct.conn).await {
-                Ok(code) => {
-                    direct.succeeded();
-                    return Ok(code);
-                }
-                Err(e) => {
-                    tracing::debug!(cause = %e, "direct write failed; sent through the cluster client")
-                }
-            }
+        let direct = self
+            .primaries
+            .write(key, |out| cmd.write_packed_command(out))
+            .await;
+        match direct {
+            Outcome::Code(code) => Ok(code),
+            Outcome::Detour => run_script(script, cmd, &mut self.conn.clone()).await,
         }
-        run_script(script, cmd, &mut self.conn.clone()).await
     }
 
     /// Whether reserve and finalize go straight to the primaries (the slot map is known).
