@@ -105,7 +105,7 @@ impl Connections {
     {
         let (conn, pooled) = match self.checkout() {
             Some(conn) => (conn, true),
-            None => (connect(connector, uri).await?, false),
+            None => (Box::pin(connect(connector, uri)).await?, false),
         };
         self.exchange(conn, pooled, connector, uri, request, read)
             .await
@@ -131,7 +131,7 @@ impl Connections {
             Err(mut e) => match e.take_message() {
                 // Not written: the kept connection had closed. Once more, on a new one.
                 Some(request) if pooled => {
-                    conn = connect(connector, uri).await?;
+                    conn = Box::pin(connect(connector, uri)).await?;
                     let sent = conn.sender.send_request(request);
                     drive(&mut conn, sent).await.map_err(|e| e.to_string())?
                 }
@@ -224,7 +224,9 @@ async fn drive<F: Future>(conn: &mut Conn, work: F) -> F::Output {
     .await
 }
 
-/// A new connection to `uri` (TCP, and TLS for https).
+/// A new connection to `uri` (TCP, and TLS for https). Its future is large and opening one
+/// the rare case, so callers box it: the future of every call that reuses a connection stays
+/// small, and cheap to move.
 async fn connect(
     connector: &HttpsConnector<HttpConnector>,
     uri: &Uri,

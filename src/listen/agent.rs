@@ -19,7 +19,9 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Serves one agent request. Never fails.
 pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Body> {
     let form = match (req.method(), req.uri().path()) {
-        (_, "/mcp") => return super::mcp::handle(state, req).await,
+        // Boxed: the MCP session's future is the largest, and held inline it would make every
+        // envelope and intercept request's future (moved into hyper's dispatcher) as large.
+        (_, "/mcp") => return Box::pin(super::mcp::handle(state, req)).await,
         (&Method::POST, "/v1/invoke") => Form::Envelope,
         (&Method::POST, path) if path.starts_with("/tools/") => Form::Intercept {
             tool: path["/tools/".len()..].to_string(),

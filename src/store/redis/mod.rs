@@ -212,7 +212,9 @@ impl RedisStore {
             .await;
         match direct {
             Outcome::Code(code) => Ok(code),
-            Outcome::Detour => run_script(script, cmd, &mut self.conn.clone()).await,
+            // The cluster client's future is large and this path rare: boxed, it does not
+            // grow every direct write's future.
+            Outcome::Detour => Box::pin(run_script(script, cmd, &mut self.conn.clone())).await,
         }
     }
 
@@ -248,38 +250,47 @@ impl RedisStore {
                 cmd.arg(&keys).arg(&args);
                 self.write(&keys[1], script, &cmd).await?
             }
+            // Boxed: the WAIT lease and pipeline are large, and would otherwise grow every
+            // finalize's future, with either durability.
             Some(waiters) => {
-                let mut lease = waiters.lease().await?;
-                let conn = &mut lease.conn;
-                // WAIT must follow the write on the connection that made it: a pipeline is routed
-                // by its first key, so both go to the slot's primary, in one round trip.
-                let wait_ms = (self.timeout.as_millis() as u64 / 2).max(1);
-                let mut pipe = redis::pipe();
-                pipe.ignore_errors()
-                    .cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(keys.len())
-                    .arg(&keys)
-                    .arg(&args)
-                    .cmd("WAIT")
-                    .arg(1)
-                    .arg(wait_ms);
-                let mut replies: Vec<Value> = pipe.query_async(conn).await.map_err(redis_err)?;
-                if replies.first().is_some_and(is_noscript) {
-                    script.load_async(conn).await.map_err(redis_err)?;
-                    replies = pipe.query_async(conn).await.map_err(redis_err)?;
-                }
-                lease.release();
-                let [code, acks] = <[Value; 2]>::try_from(replies)
-                    .map_err(|r| Error::internal(format!("finalize pipeline gave {r:?}")))?;
-                let code = int_reply(code)?;
-                if code <= 1 {
-                    let acks = int_reply(acks)?;
-                    if acks < 1 {
-                        return Err(Error::store("no replica acknowledged the finalized record"));
+                Box::pin(async {
+                    let mut lease = waiters.lease().await?;
+                    let conn = &mut lease.conn;
+                    // WAIT must follow the write on the connection that made it: a pipeline is
+                    // routed by its first key, so both go to the slot's primary, in one round
+                    // trip.
+                    let wait_ms = (self.timeout.as_millis() as u64 / 2).max(1);
+                    let mut pipe = redis::pipe();
+                    pipe.ignore_errors()
+                        .cmd("EVALSHA")
+                        .arg(script.get_hash())
+                        .arg(keys.len())
+                        .arg(&keys)
+                        .arg(&args)
+                        .cmd("WAIT")
+                        .arg(1)
+                        .arg(wait_ms);
+                    let mut replies: Vec<Value> =
+                        pipe.query_async(conn).await.map_err(redis_err)?;
+                    if replies.first().is_some_and(is_noscript) {
+                        script.load_async(conn).await.map_err(redis_err)?;
+                        replies = pipe.query_async(conn).await.map_err(redis_err)?;
                     }
-                }
-                code
+                    lease.release();
+                    let [code, acks] = <[Value; 2]>::try_from(replies)
+                        .map_err(|r| Error::internal(format!("finalize pipeline gave {r:?}")))?;
+                    let code = int_reply(code)?;
+                    if code <= 1 {
+                        let acks = int_reply(acks)?;
+                        if acks < 1 {
+                            return Err(Error::store(
+                                "no replica acknowledged the finalized record",
+                            ));
+                        }
+                    }
+                    Ok(code)
+                })
+                .await?
             }
         };
         match code {

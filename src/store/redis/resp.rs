@@ -65,12 +65,14 @@ impl Node {
         }
     }
 
-    /// An unused connection, the one used last; else a new one.
+    /// An unused connection, the one used last; else a new one. Opening one is the rare
+    /// case, and its future (TCP, TLS, the handshake) is large, so it is boxed: the writes'
+    /// futures stay small, and cheap to move.
     pub async fn checkout(&self) -> io::Result<Conn> {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match idle {
             Some(conn) => Ok(conn),
-            None => self.connect().await,
+            None => Box::pin(self.connect()).await,
         }
     }
 
