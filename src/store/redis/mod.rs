@@ -204,17 +204,17 @@ impl RedisStore {
 
     /// Runs a script that writes one run's keys (`key` is one of them): on the direct
     /// connection to the primary that owns the run's slot when it is known, else, and once more
-    /// after any failure there, through the cluster client.
-    async fn write(&self, key: &str, script: &Script, cmd: &redis::Cmd) -> Result<i64> {
-        let direct = self
-            .primaries
-            .write(key, |out| cmd.write_packed_command(out))
-            .await;
+    /// after any failure there, through the cluster client. The direct path writes the command
+    /// straight into its connection's buffer; only a detour builds the client's command.
+    async fn write(&self, key: &str, eval: &Eval<'_>) -> Result<i64> {
+        let direct = self.primaries.write(key, |out| eval.pack(out)).await;
         match direct {
             Outcome::Code(code) => Ok(code),
             // The cluster client's future is large and this path rare: boxed, it does not
             // grow every direct write's future.
-            Outcome::Detour => Box::pin(run_script(script, cmd, &mut self.conn.clone())).await,
+            Outcome::Detour => {
+                Box::pin(run_script(eval.script, &eval.cmd(), &mut self.conn.clone())).await
+            }
         }
     }
 
@@ -244,11 +244,14 @@ impl RedisStore {
         ];
         let code: i64 = match &self.waiters {
             None => {
-                let bytes = keys.iter().map(String::len).sum::<usize>()
-                    + args.iter().map(|a| a.len()).sum::<usize>();
-                let mut cmd = evalsha(script, keys.len(), keys.len() + args.len(), bytes);
-                cmd.arg(&keys).arg(&args);
-                self.write(&keys[1], script, &cmd).await?
+                let key_bytes = keys.each_ref().map(|k| k.as_bytes());
+                let arg_bytes = args.map(str::as_bytes);
+                let eval = Eval {
+                    script,
+                    keys: &key_bytes,
+                    args: &arg_bytes,
+                };
+                self.write(&keys[1], &eval).await?
             }
             // Boxed: the WAIT lease and pipeline are large, and would otherwise grow every
             // finalize's future, with either durability.
@@ -390,16 +393,19 @@ impl Store for RedisStore {
                     let script = &self.scripts.reserve;
                     let run = self.keys.run(&record.run_id);
                     let key = self.keys.record(&record.run_id, &record.tool_call_id);
-                    // Two keys, then four arguments: two numbers of at most 20 digits each.
-                    let bytes = run.len() + key.len() + record.tool.len() + body.len() + 40;
-                    let mut cmd = evalsha(script, 2, 6, bytes);
-                    cmd.arg(&run)
-                        .arg(key)
-                        .arg(now_ms)
-                        .arg(record.tool.as_str())
-                        .arg(&body)
-                        .arg(self.record_ttl_ms);
-                    self.write(&run, script, &cmd).await
+                    let mut now = itoa::Buffer::new();
+                    let mut ttl = itoa::Buffer::new();
+                    let eval = Eval {
+                        script,
+                        keys: &[run.as_bytes(), key.as_bytes()],
+                        args: &[
+                            now.format(now_ms).as_bytes(),
+                            record.tool.as_bytes(),
+                            body.as_bytes(),
+                            ttl.format(self.record_ttl_ms).as_bytes(),
+                        ],
+                    };
+                    self.write(&run, &eval).await
                 })
                 .await?;
             match code {
@@ -579,15 +585,48 @@ impl Drop for Lease<'_> {
 /// An `EVALSHA` of `script` with `keys` keys, for the keys and then the arguments to be added
 /// to (`more_args` of them, `bytes` long in all): each is written once into the command's one
 /// buffer.
-fn evalsha(script: &Script, keys: usize, more_args: usize, bytes: usize) -> redis::Cmd {
-    // Sized up front (the hash and the key count are under 64 bytes), so the arguments written
-    // after never grow its buffers.
-    let mut cmd = redis::Cmd::with_capacity(3 + keys + more_args, 64 + bytes);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-    cmd
+/// One `EVALSHA` of a write: the script, then its keys and arguments as the bytes sent.
+struct Eval<'a> {
+    script: &'a Script,
+    keys: &'a [&'a [u8]],
+    args: &'a [&'a [u8]],
 }
 
-/// Sends a command made by [`evalsha`]; a node that does not hold the script (`NOSCRIPT`, a
+impl Eval<'_> {
+    /// Appends the command in RESP (an array of bulk strings) to `out`, sized once.
+    fn pack(&self, out: &mut Vec<u8>) {
+        let hash = self.script.get_hash().as_bytes();
+        let mut count = itoa::Buffer::new();
+        let count = count.format(self.keys.len()).as_bytes();
+        let parts = self.keys.iter().chain(self.args);
+        // Each part: `$`, at most 20 digits and two line ends around it.
+        let bytes: usize = parts.clone().map(|p| p.len() + 25).sum();
+        out.reserve(bytes + 96);
+        let mut len = itoa::Buffer::new();
+        out.push(b'*');
+        out.extend_from_slice(len.format(3 + self.keys.len() + self.args.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for part in [&b"EVALSHA"[..], hash, count].iter().chain(parts) {
+            out.push(b'$');
+            out.extend_from_slice(len.format(part.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(part);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// The same command for the cluster client, which routes it by its first key.
+    fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(self.keys.len());
+        for part in self.keys.iter().chain(self.args) {
+            cmd.arg(*part);
+        }
+        cmd
+    }
+}
+
+/// Sends a script's command ([`Eval::cmd`]); a node that does not hold the script (`NOSCRIPT`, a
 /// node that restarted) has it loaded and gets the command again, as `Script::invoke_async`
 /// does.
 async fn run_script<T: FromRedisValue>(
@@ -718,6 +757,45 @@ fn run_from_fields(mut fields: HashMap<String, String>) -> Result<RunView> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The direct path's command is, byte for byte, the one the cluster client sends.
+        #[test]
+        fn a_packed_write_is_the_clients_command(
+            keys in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
+            args in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..7),
+        ) {
+            let script = Script::new("return 1");
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let eval = Eval { script: &script, keys: &keys, args: &args };
+            let mut packed = b"left as it was".to_vec();
+            eval.pack(&mut packed);
+            let mut expected = b"left as it was".to_vec();
+            eval.cmd().write_packed_command(&mut expected);
+            prop_assert_eq!(packed, expected);
+        }
+    }
+
+    #[test]
+    fn a_packed_write_reads_as_resp() {
+        let script = Script::new("return 1");
+        let eval = Eval {
+            script: &script,
+            keys: &[b"k"],
+            args: &[b"", "é".as_bytes()],
+        };
+        let mut packed = Vec::new();
+        eval.pack(&mut packed);
+        let hash = script.get_hash();
+        assert_eq!(
+            String::from_utf8(packed).unwrap(),
+            format!(
+                "*6\r\n$7\r\nEVALSHA\r\n$40\r\n{hash}\r\n$1\r\n1\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\né\r\n"
+            )
+        );
+    }
 
     #[test]
     fn run_hash_round_trips() {
