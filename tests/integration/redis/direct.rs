@@ -11,17 +11,50 @@ use crate::store::{new_run, projecting, ready, redis_config};
 use crate::support::Deadline;
 use crate::support::redis_cluster::{self, RedisCluster};
 
-/// The ids of the direct connections on node `port` whose last command was `EVALSHA`.
-fn direct_writers(port: u16) -> Vec<String> {
+/// The `CLIENT LIST` lines of the direct connections on node `port` whose last command was
+/// `EVALSHA`.
+fn direct_writer_lines(port: u16) -> Vec<String> {
     let list = redis_cluster::query(port, &["CLIENT", "LIST"]).expect("CLIENT LIST");
     list.lines()
         .filter(|l| {
             l.split(' ').any(|f| f == format!("name={CLIENT_NAME}"))
                 && l.split(' ').any(|f| f == "cmd=evalsha")
         })
+        .map(str::to_string)
+        .collect()
+}
+
+/// The ids of the direct connections on node `port` whose last command was `EVALSHA`.
+fn direct_writers(port: u16) -> Vec<String> {
+    direct_writer_lines(port)
+        .iter()
         .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
         .map(str::to_string)
         .collect()
+}
+
+/// Connects a store with `cfg`, waits for its slot map, and creates run `run_id`; returns the
+/// store, the run, and the port of the primary that owns the run's slot.
+async fn store_with_run(
+    cluster: &RedisCluster,
+    cfg: &toolgate::config::StoreConfig,
+    run_id: &str,
+) -> (RedisStore, toolgate::store::RunView, u16) {
+    let store = RedisStore::connect(cfg).await.expect("connect");
+    let deadline = Deadline::after(Duration::from_secs(20), "the slot map");
+    while !store.direct_ready() {
+        deadline.tick().await;
+    }
+    let run = store
+        .create_run(new_run(run_id, 1000, &[], 1 << 30, 600_000))
+        .await
+        .expect("create");
+    let run_key = Keys {
+        prefix: cfg.key_prefix.clone(),
+    }
+    .run(&run.run_id);
+    let owner = cluster.primaries()[cluster.primary_index_for_key(&run_key)].port;
+    (store, run, owner)
 }
 
 async fn one_call(store: &RedisStore, run: &toolgate::store::RunView, id: &str) {
@@ -76,20 +109,7 @@ async fn writes_go_straight_to_the_slot_owner_and_survive_its_connection_dying()
         Durability::Primary,
         Duration::from_secs(2),
     );
-    let store = RedisStore::connect(&cfg).await.expect("connect");
-    let deadline = Deadline::after(Duration::from_secs(20), "the slot map");
-    while !store.direct_ready() {
-        deadline.tick().await;
-    }
-    let run = store
-        .create_run(new_run("direct", 1000, &[], 1 << 30, 600_000))
-        .await
-        .expect("create");
-    let run_key = Keys {
-        prefix: cfg.key_prefix.clone(),
-    }
-    .run(&run.run_id);
-    let owner = cluster.primaries()[cluster.primary_index_for_key(&run_key)].port;
+    let (store, run, owner) = store_with_run(&cluster, &cfg, "direct").await;
     let others: Vec<u16> = cluster
         .primaries()
         .iter()
@@ -133,4 +153,59 @@ async fn writes_go_straight_to_the_slot_owner_and_survive_its_connection_dying()
         .expect("progress")
         .expect("run");
     assert_eq!(progress.len(), n - 1, "every call is in the run's progress");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_connections_authenticate_with_the_urls_credentials() {
+    // A cluster of its own, with a user `toolgate` on every node (ACLs are per node). The
+    // default user stays open for the test's own queries.
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("spawn cluster");
+    for node in &cluster.nodes {
+        let set = [
+            "ACL", "SETUSER", "toolgate", "on", ">s3cret", "~*", "&*", "+@all",
+        ];
+        assert_eq!(
+            redis_cluster::query(node.port, &set).as_deref(),
+            Some("OK"),
+            "ACL SETUSER on {}",
+            node.port
+        );
+    }
+    let mut cfg = redis_config(
+        &cluster,
+        60_000,
+        Durability::Primary,
+        Duration::from_secs(2),
+    );
+    cfg.nodes = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://toolgate:s3cret@127.0.0.1:{}", n.port))
+        .collect();
+    let (store, run, owner) = store_with_run(&cluster, &cfg, "direct-auth").await;
+    one_call(&store, &run, "call_1").await;
+    let writers = direct_writer_lines(owner);
+    assert_eq!(writers.len(), 1, "one direct writer: {writers:?}");
+    assert!(
+        writers[0].split(' ').any(|f| f == "user=toolgate"),
+        "the direct writer is authenticated as the URL's user: {}",
+        writers[0]
+    );
+
+    // The wrong password: no direct path and no cluster client, so the call fails closed.
+    cfg.nodes = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://toolgate:wrong@127.0.0.1:{}", n.port))
+        .collect();
+    let refused = RedisStore::connect(&cfg).await.expect("connect is lazy");
+    let r = projecting(&run, "call_2", "search");
+    let err = refused
+        .reserve(&r, run.created_ms + 1)
+        .await
+        .expect_err("refused credentials");
+    assert_eq!(err.code, toolgate::error::Code::StoreUnavailable);
+    assert!(!refused.direct_ready(), "no slot map without a session");
 }
