@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use hashbrown::HashTable;
 
 use super::{
-    Close, Finalized, NewRun, PreparedFinal, ProgressEntry, Record, RunState, RunView, Store,
+    Close, FinalBody, Finalized, NewRun, ProgressEntry, Record, RunState, RunView, Store,
     StoreFuture, check_projecting,
 };
 use crate::clock;
@@ -447,7 +447,8 @@ impl Store for MemoryStore {
 
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
-            let (body, replaced) = PreparedFinal::body(record, record_bytes)?;
+            let body = FinalBody::new(record, record_bytes)?;
+            let replaced = body.replaced;
             let now = clock::now_ms();
             let mut inner = self.lock_at(now);
             let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
@@ -460,21 +461,17 @@ impl Store for MemoryStore {
             let Some(entry) = inner.run(&record.run_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "run vanished"));
             };
-            let size = body.len() as u64;
+            let size = body.text.len() as u64;
             let (body, outcome) =
                 if entry.run.record_bytes_used + size > entry.run.budget.max_record_bytes {
-                    let fallback = match replaced {
-                        Some(_) => body,
-                        None => PreparedFinal::run_fallback(record)?,
-                    };
-                    (fallback, Finalized::TooLarge(SizeStage::Run))
+                    (body.run_fallback(), Finalized::TooLarge(SizeStage::Run))
                 } else {
                     entry.run.record_bytes_used += size;
                     let outcome = match replaced {
                         Some(stage) => Finalized::TooLarge(stage),
                         None => Finalized::Written,
                     };
-                    (body, outcome)
+                    (body.text, outcome)
                 };
             entry.progress.push(record.tool_call_id.clone());
             let grown = PROGRESS_OVERHEAD + record.tool_call_id.len() as u64;

@@ -116,30 +116,23 @@ impl Record {
 
     /// The compact JSON form whose byte length every size limit counts.
     pub fn to_json(&self) -> Result<String> {
-        self.write_json(false)
+        Ok(self.write_json()?.0)
     }
 
     pub fn from_json(s: &str) -> Result<Record> {
         serde_json::from_str(s).map_err(|e| Error::internal(format!("corrupt record: {e}")))
     }
 
-    /// The compact JSON of this record, or (`stripped`) of this record turned into an
-    /// `ERROR/RESULT_TOO_LARGE` without raw response or agent result. Written field by field,
-    /// in the order and form of the derived `Serialize`, so that the raw response can be
-    /// spliced in as it was kept and nothing large is copied for the stripped form.
-    fn write_json(&self, stripped: bool) -> Result<String> {
+    /// The compact JSON of this record, and where in it lie the fields that its stripped form
+    /// replaces. Written field by field, in the order and form of the derived `Serialize`, so
+    /// that the raw response can be spliced in as it was kept.
+    fn write_json(&self) -> Result<(String, Marks)> {
         let raw_len = self.raw_json.as_ref().map_or(0, String::len)
             + self.agent_json.as_ref().map_or(0, String::len);
-        let mut out = String::with_capacity(512 + if stripped { 0 } else { raw_len });
+        let mut out = String::with_capacity(512 + raw_len);
         // Each small field is serialized here and checked as UTF-8 on its own; the large
         // texts kept as strings are appended as they are.
         let mut scratch = Vec::with_capacity(128);
-        let (status, evidence, error_code) = if stripped {
-            let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
-            (Status::Error, Some(Evidence::Error), Some(code))
-        } else {
-            (self.status, self.evidence_status, self.error_code)
-        };
         let w = &mut Fields {
             out: &mut out,
             scratch: &mut scratch,
@@ -148,34 +141,79 @@ impl Record {
         w.text(",\"run_id\":", Some(self.run_id.as_str()));
         w.text(",\"tool_call_id\":", Some(self.tool_call_id.as_str()));
         w.text(",\"tool\":", Some(self.tool.as_str()));
-        w.text(",\"status\":", Some(status.as_str()));
-        w.text(",\"evidence_status\":", evidence.map(Evidence::as_str));
+        let status = w.out.len();
+        w.text(",\"status\":", Some(self.status.as_str()));
+        w.text(
+            ",\"evidence_status\":",
+            self.evidence_status.map(Evidence::as_str),
+        );
+        let request = w.out.len();
         w.value(",\"request\":", &self.request)?;
         w.value(",\"agent_input\":", &self.agent_input)?;
-        match (&self.raw_json, stripped) {
-            (_, true) => w.text(",\"raw_response\":", None),
-            (Some(raw), false) => {
+        let raw_response = w.out.len();
+        match &self.raw_json {
+            Some(raw) => {
                 w.out.push_str(",\"raw_response\":");
                 w.out.push_str(raw);
             }
-            (None, false) => w.value(",\"raw_response\":", &self.raw_response)?,
+            None => w.value(",\"raw_response\":", &self.raw_response)?,
         }
-        match (&self.agent_json, stripped) {
-            (_, true) => w.text(",\"agent_result\":", None),
-            (Some(result), false) => {
+        match &self.agent_json {
+            Some(result) => {
                 w.out.push_str(",\"agent_result\":");
                 w.out.push_str(result);
             }
-            (None, false) => w.value(",\"agent_result\":", &self.agent_result)?,
+            None => w.value(",\"agent_result\":", &self.agent_result)?,
         }
-        w.text(",\"error_code\":", error_code.map(CodeName::as_str));
+        w.text(",\"error_code\":", self.error_code.map(CodeName::as_str));
+        let upstream_status = w.out.len();
         w.number(",\"upstream_status\":", self.upstream_status.map(u64::from));
         w.text(",\"created_at\":", Some(&self.created_at));
         w.text(",\"updated_at\":", Some(&self.updated_at));
         w.number(",\"duration_ms\":", self.duration_ms);
         out.push('}');
-        Ok(out)
+        let marks = Marks {
+            status,
+            request,
+            raw_response,
+            upstream_status,
+        };
+        Ok((out, marks))
     }
+}
+
+/// Where, in a record's JSON, the fields that its stripped form replaces begin: the byte offset
+/// of the `,"name":` before `status`, `request`, `raw_response` and `upstream_status`.
+#[derive(Debug, Clone, Copy)]
+struct Marks {
+    status: usize,
+    request: usize,
+    raw_response: usize,
+    upstream_status: usize,
+}
+
+/// The record whose JSON is `full`, turned into an `ERROR/RESULT_TOO_LARGE` without raw
+/// response or agent result: spliced from `full`, so nothing is serialized again and the
+/// large parts are not copied.
+fn stripped(full: &str, m: Marks) -> String {
+    let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
+    let mut out = String::with_capacity(
+        m.status + (m.raw_response - m.request) + (full.len() - m.upstream_status) + 160,
+    );
+    let mut scratch = Vec::new();
+    let w = &mut Fields {
+        out: &mut out,
+        scratch: &mut scratch,
+    };
+    w.out.push_str(&full[..m.status]);
+    w.text(",\"status\":", Some(Status::Error.as_str()));
+    w.text(",\"evidence_status\":", Some(Evidence::Error.as_str()));
+    w.out.push_str(&full[m.request..m.raw_response]);
+    w.text(",\"raw_response\":", None);
+    w.text(",\"agent_result\":", None);
+    w.text(",\"error_code\":", Some(code.as_str()));
+    w.out.push_str(&full[m.upstream_status..]);
+    out
 }
 
 /// Where [`Record::write_json`] writes: the text, and a buffer to serialize a tree in. Each
@@ -271,6 +309,46 @@ pub enum Finalized {
     TooLarge(SizeStage),
 }
 
+/// A final record's body: the full record, or the stripped fallback (and the stage) when the
+/// full one is over the record limit. A store that can decide the run's byte budget before
+/// writing makes the run fallback ([`FinalBody::run_fallback`]) only when it needs it.
+#[derive(Debug)]
+pub struct FinalBody {
+    pub text: String,
+    pub replaced: Option<SizeStage>,
+    /// Where the fields of `text` lie, while it is the full record.
+    marks: Option<Marks>,
+}
+
+impl FinalBody {
+    pub fn new(record: &Record, record_bytes: u64) -> Result<FinalBody> {
+        check_final(record)?;
+        let (full, marks) = record.write_json()?;
+        Ok(if full.len() as u64 > record_bytes {
+            FinalBody {
+                text: stripped(&full, marks),
+                replaced: Some(SizeStage::Record),
+                marks: None,
+            }
+        } else {
+            FinalBody {
+                text: full,
+                replaced: None,
+                marks: Some(marks),
+            }
+        })
+    }
+
+    /// The fallback written when the run's byte budget cannot take the body: the record
+    /// stripped of its raw response and result.
+    pub fn run_fallback(&self) -> String {
+        match self.marks {
+            Some(marks) => stripped(&self.text, marks),
+            None => self.text.clone(),
+        }
+    }
+}
+
 /// A final record serialized and sized, with the fallback the backend writes if the run's byte
 /// budget cannot take it.
 pub struct PreparedFinal {
@@ -282,35 +360,12 @@ pub struct PreparedFinal {
 
 impl PreparedFinal {
     pub fn new(record: &Record, record_bytes: u64) -> Result<PreparedFinal> {
-        let (body, replaced) = PreparedFinal::body(record, record_bytes)?;
-        let run_fallback = match replaced {
-            Some(_) => body.clone(),
-            None => PreparedFinal::run_fallback(record)?,
-        };
+        let body = FinalBody::new(record, record_bytes)?;
         Ok(PreparedFinal {
-            body,
-            replaced,
-            run_fallback,
+            run_fallback: body.run_fallback(),
+            replaced: body.replaced,
+            body: body.text,
         })
-    }
-
-    /// The fallback written when the run's byte budget cannot take the body: the record
-    /// stripped of its raw response and result.
-    pub fn run_fallback(record: &Record) -> Result<String> {
-        record.write_json(true)
-    }
-
-    /// The final record's body alone: the full record, or the stripped fallback (and the stage)
-    /// when the full one is over `record_bytes`. A store that can decide the run's byte budget
-    /// before writing makes the run fallback only when it needs it.
-    pub fn body(record: &Record, record_bytes: u64) -> Result<(String, Option<SizeStage>)> {
-        check_final(record)?;
-        let full = record.to_json()?;
-        if full.len() as u64 > record_bytes {
-            Ok((record.write_json(true)?, Some(SizeStage::Record)))
-        } else {
-            Ok((full, None))
-        }
     }
 
     pub fn size(&self) -> u64 {
@@ -442,8 +497,31 @@ mod tests {
             ..r.clone()
         };
         let want = serde_json::to_string(&stripped).unwrap();
-        assert_eq!(r.write_json(true).unwrap(), want);
-        assert_eq!(spliced.write_json(true).unwrap(), want);
+        let strip = |r: &Record| {
+            let (full, marks) = r.write_json().unwrap();
+            super::stripped(&full, marks)
+        };
+        assert_eq!(strip(&r), want);
+        assert_eq!(strip(&spliced), want);
+        assert_eq!(FinalBody::new(&r, u64::MAX).unwrap().run_fallback(), want);
+
+        // A tool error is stripped too: its code gives way to RESULT_TOO_LARGE.
+        let failed = Record {
+            status: Status::Error,
+            evidence_status: Some(Evidence::Error),
+            agent_result: Value::Null,
+            error_code: Some(Code::ToolTimeout.into()),
+            upstream_status: None,
+            duration_ms: None,
+            ..r.clone()
+        };
+        let want = serde_json::to_string(&Record {
+            raw_response: Value::Null,
+            error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
+            ..failed.clone()
+        })
+        .unwrap();
+        assert_eq!(strip(&failed), want);
     }
 
     #[test]
