@@ -448,7 +448,6 @@ impl Store for MemoryStore {
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
             let body = FinalBody::new(record, record_bytes)?;
-            let replaced = body.replaced;
             let now = clock::now_ms();
             let mut inner = self.lock_at(now);
             let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
@@ -461,16 +460,13 @@ impl Store for MemoryStore {
             let Some(entry) = inner.run(&record.run_id, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "run vanished"));
             };
-            let size = body.text.len() as u64;
+            let size = body.size();
             let (body, outcome) =
                 if entry.run.record_bytes_used + size > entry.run.budget.max_record_bytes {
                     (body.run_fallback(), Finalized::TooLarge(SizeStage::Run))
                 } else {
                     entry.run.record_bytes_used += size;
-                    let outcome = match replaced {
-                        Some(stage) => Finalized::TooLarge(stage),
-                        None => Finalized::Written,
-                    };
+                    let outcome = body.written();
                     (body.text, outcome)
                 };
             entry.progress.push(record.tool_call_id.clone());

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 pub use keys::Keys;
 pub use record::{
-    Evidence, Fact, Facts, FinalBody, Finalized, PreparedFinal, ProgressEntry, Record, Status,
-    check_final, check_projecting, facts,
+    Evidence, Fact, Facts, FinalBody, Finalized, ProgressEntry, Record, Status, check_final,
+    check_projecting, facts,
 };
 pub use run::{Budget, Close, NewRun, RunState, RunView};
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock;
-use crate::error::{Code, CodeName, Error, Result, SizeStage};
+use crate::error::{CodeName, Error, Result, SizeStage};
 use crate::ids::{RunId, ToolCallId, ToolName};
 
 /// Whether a result holds evidence. `Error` only appears on ERROR records.
@@ -192,27 +192,29 @@ struct Marks {
     upstream_status: usize,
 }
 
+/// What a stripped record has in place of its `status` and `evidence_status`.
+pub const STRIPPED_STATE: &str = r#","status":"ERROR","evidence_status":"ERROR""#;
+/// What a stripped record has in place of its `raw_response`, `agent_result` and `error_code`.
+pub const STRIPPED_RESULT: &str =
+    r#","raw_response":null,"agent_result":null,"error_code":"RESULT_TOO_LARGE""#;
+
 /// The record whose JSON is `full`, turned into an `ERROR/RESULT_TOO_LARGE` without raw
 /// response or agent result: spliced from `full`, so nothing is serialized again and the
-/// large parts are not copied.
+/// large parts are not copied. The Redis finalize script splices the same way, from the same
+/// marks ([`FinalBody::fallback_marks`]).
 fn stripped(full: &str, m: Marks) -> String {
-    let code = CodeName::from(Code::ResultTooLarge(SizeStage::Record));
     let mut out = String::with_capacity(
-        m.status + (m.raw_response - m.request) + (full.len() - m.upstream_status) + 160,
+        m.status
+            + STRIPPED_STATE.len()
+            + (m.raw_response - m.request)
+            + STRIPPED_RESULT.len()
+            + (full.len() - m.upstream_status),
     );
-    let mut scratch = Vec::new();
-    let w = &mut Fields {
-        out: &mut out,
-        scratch: &mut scratch,
-    };
-    w.out.push_str(&full[..m.status]);
-    w.text(",\"status\":", Some(Status::Error.as_str()));
-    w.text(",\"evidence_status\":", Some(Evidence::Error.as_str()));
-    w.out.push_str(&full[m.request..m.raw_response]);
-    w.text(",\"raw_response\":", None);
-    w.text(",\"agent_result\":", None);
-    w.text(",\"error_code\":", Some(code.as_str()));
-    w.out.push_str(&full[m.upstream_status..]);
+    out.push_str(&full[..m.status]);
+    out.push_str(STRIPPED_STATE);
+    out.push_str(&full[m.request..m.raw_response]);
+    out.push_str(STRIPPED_RESULT);
+    out.push_str(&full[m.upstream_status..]);
     out
 }
 
@@ -310,8 +312,9 @@ pub enum Finalized {
 }
 
 /// A final record's body: the full record, or the stripped fallback (and the stage) when the
-/// full one is over the record limit. A store that can decide the run's byte budget before
-/// writing makes the run fallback ([`FinalBody::run_fallback`]) only when it needs it.
+/// full one is over the record limit. The fallback for a run over its byte budget is made only
+/// when it is needed: by [`FinalBody::run_fallback`], or by the Redis finalize script from
+/// [`FinalBody::fallback_marks`].
 #[derive(Debug)]
 pub struct FinalBody {
     pub text: String,
@@ -339,6 +342,19 @@ impl FinalBody {
         })
     }
 
+    /// The bytes the body adds to the run when it is written.
+    pub fn size(&self) -> u64 {
+        self.text.len() as u64
+    }
+
+    /// The outcome when `text` was written.
+    pub fn written(&self) -> Finalized {
+        match self.replaced {
+            Some(stage) => Finalized::TooLarge(stage),
+            None => Finalized::Written,
+        }
+    }
+
     /// The fallback written when the run's byte budget cannot take the body: the record
     /// stripped of its raw response and result.
     pub fn run_fallback(&self) -> String {
@@ -347,37 +363,26 @@ impl FinalBody {
             None => self.text.clone(),
         }
     }
-}
 
-/// A final record serialized and sized, with the fallback the backend writes if the run's byte
-/// budget cannot take it.
-pub struct PreparedFinal {
-    pub body: String,
-    /// Set when `body` is already the stripped fallback for the record limit.
-    pub replaced: Option<SizeStage>,
-    pub run_fallback: String,
-}
-
-impl PreparedFinal {
-    pub fn new(record: &Record, record_bytes: u64) -> Result<PreparedFinal> {
-        let body = FinalBody::new(record, record_bytes)?;
-        Ok(PreparedFinal {
-            run_fallback: body.run_fallback(),
-            replaced: body.replaced,
-            body: body.text,
-        })
-    }
-
-    pub fn size(&self) -> u64 {
-        self.body.len() as u64
-    }
-
-    /// The outcome when `body` was written.
-    pub fn written(&self) -> Finalized {
-        match self.replaced {
-            Some(stage) => Finalized::TooLarge(stage),
-            None => Finalized::Written,
+    /// The byte offsets [`stripped`] splices `text` at, as four decimal numbers separated by
+    /// spaces (the `,` before `status`, `request`, `raw_response` and `upstream_status`);
+    /// empty when `text` is stripped already and is its own fallback.
+    pub fn fallback_marks(&self) -> String {
+        let Some(m) = self.marks else {
+            return String::new();
+        };
+        let mut out = String::with_capacity(4 * 6);
+        let mut n = itoa::Buffer::new();
+        for (i, at) in [m.status, m.request, m.raw_response, m.upstream_status]
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                out.push(' ');
+            }
+            out.push_str(n.format(at));
         }
+        out
     }
 }
 
@@ -435,6 +440,7 @@ pub fn facts(run_id: &RunId, entries: Vec<ProgressEntry>) -> Facts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
     use serde_json::json;
 
     fn ids(run: &str, id: &str) -> (RunId, ToolCallId, ToolName) {
@@ -560,9 +566,15 @@ mod tests {
     fn oversized_record_is_replaced_by_a_stripped_error() {
         let mut r = ready("r", "c");
         r.raw_response = json!({"blob": "x".repeat(1000)});
-        let p = PreparedFinal::new(&r, 500).unwrap();
+        let p = FinalBody::new(&r, 500).unwrap();
         assert_eq!(p.written(), Finalized::TooLarge(SizeStage::Record));
-        let stored = Record::from_json(&p.body).unwrap();
+        assert_eq!(
+            p.fallback_marks(),
+            "",
+            "a stripped body is its own fallback"
+        );
+        assert_eq!(p.run_fallback(), p.text);
+        let stored = Record::from_json(&p.text).unwrap();
         assert_eq!(stored.status, Status::Error);
         assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
         assert_eq!(

@@ -24,7 +24,7 @@ use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
 use toolgate::store::redis::RedisStore;
 use toolgate::store::{
-    Budget, Close, Evidence, Finalized, NewRun, PreparedFinal, Record, RunState, RunView, Status,
+    Budget, Close, Evidence, FinalBody, Finalized, NewRun, Record, RunState, RunView, Status,
     Store, facts,
 };
 
@@ -278,7 +278,7 @@ pub fn error(r: &Record, code: Code) -> Record {
 
 /// The bytes a finalize of `r` adds to the run when it fits.
 fn size_of(r: &Record, record_bytes: u64) -> u64 {
-    PreparedFinal::new(r, record_bytes)
+    FinalBody::new(r, record_bytes)
         .expect("a valid final record")
         .size()
 }
@@ -944,6 +944,14 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
         Some("RESULT_TOO_LARGE")
     );
     assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
+    let fallback = FinalBody::new(&b_done, 1 << 20)
+        .expect("body")
+        .run_fallback();
+    assert_eq!(
+        stored,
+        Record::from_json(&fallback).expect("fallback"),
+        "the stored fallback is the record stripped"
+    );
     assert_eq!(
         run_of(&store, &run.run_id).await.record_bytes_used,
         a_size,

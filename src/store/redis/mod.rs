@@ -52,8 +52,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use super::{
-    Budget, Close, Finalized, Keys, NewRun, PreparedFinal, ProgressEntry, Record, RunState,
-    RunView, Store, StoreFuture, check_projecting,
+    Budget, Close, FinalBody, Finalized, Keys, NewRun, ProgressEntry, Record, RunState, RunView,
+    Store, StoreFuture, check_projecting,
 };
 use crate::config::{Durability, RunPaths, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
@@ -228,18 +228,20 @@ impl RedisStore {
         bounded(self.timeout, what, fut)
     }
 
-    async fn finalize_inner(&self, record: &Record, prepared: &PreparedFinal) -> Result<Finalized> {
+    async fn finalize_inner(&self, record: &Record, body: &FinalBody) -> Result<Finalized> {
         let script = &self.scripts.finalize;
         let keys = [
             self.keys.record(&record.run_id, &record.tool_call_id),
             self.keys.run(&record.run_id),
             self.keys.progress(&record.run_id),
         ];
-        let size = prepared.size().to_string();
+        let mut size = itoa::Buffer::new();
+        // The script makes the run fallback itself, from the marks, only when it needs it.
+        let marks = body.fallback_marks();
         let args = [
-            prepared.body.as_str(),
-            size.as_str(),
-            prepared.run_fallback.as_str(),
+            body.text.as_str(),
+            size.format(body.size()),
+            marks.as_str(),
             record.tool_call_id.as_str(),
         ];
         let code: i64 = match &self.waiters {
@@ -297,7 +299,7 @@ impl RedisStore {
             }
         };
         match code {
-            0 => Ok(prepared.written()),
+            0 => Ok(body.written()),
             1 => Ok(Finalized::TooLarge(SizeStage::Run)),
             2 => Err(Error::with_cause(Code::RecordExpired, "record vanished")),
             3 => Err(Error::internal("record is no longer PROJECTING")),
@@ -421,8 +423,8 @@ impl Store for RedisStore {
 
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
-            let prepared = PreparedFinal::new(record, record_bytes)?;
-            self.op("finalize", self.finalize_inner(record, &prepared))
+            let body = FinalBody::new(record, record_bytes)?;
+            self.op("finalize", self.finalize_inner(record, &body))
                 .await
         })
     }
@@ -582,9 +584,6 @@ impl Drop for Lease<'_> {
     }
 }
 
-/// An `EVALSHA` of `script` with `keys` keys, for the keys and then the arguments to be added
-/// to (`more_args` of them, `bytes` long in all): each is written once into the command's one
-/// buffer.
 /// One `EVALSHA` of a write: the script, then its keys and arguments as the bytes sent.
 struct Eval<'a> {
     script: &'a Script,
@@ -775,6 +774,22 @@ mod tests {
             let mut expected = b"left as it was".to_vec();
             eval.cmd().write_packed_command(&mut expected);
             prop_assert_eq!(packed, expected);
+        }
+    }
+
+    /// The finalize script splices a run's fallback with the texts the Rust side's stripped
+    /// record has (the shared store suite checks the result against it, byte for byte).
+    #[test]
+    fn the_finalize_script_strips_with_the_records_texts() {
+        let lua = include_str!("lua/finalize.lua");
+        for text in [
+            crate::store::record::STRIPPED_STATE,
+            crate::store::record::STRIPPED_RESULT,
+        ] {
+            assert!(
+                lua.contains(&format!("'{text}'")),
+                "finalize.lua lacks {text}"
+            );
         }
     }
 

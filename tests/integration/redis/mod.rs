@@ -15,8 +15,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use toolgate::clock;
 use toolgate::config::Durability;
-use toolgate::error::Code;
-use toolgate::store::{Close, Keys, RunView};
+use toolgate::error::{Code, SizeStage};
+use toolgate::store::{Close, FinalBody, Finalized, Keys, Record, RunView, Status};
 
 use crate::store::{
     SUITE_TIMEOUT, call_id, code, connect, error, new_run, projecting, ready, redis_config,
@@ -113,6 +113,71 @@ async fn keys_follow_the_contract_layout() {
     assert_eq!(keys.record(id, &call_id("call_abc")), record_key);
     assert_eq!(keys.run(id), run_key);
     assert_eq!(keys.progress(id), progress_key);
+}
+
+/// A run over its byte budget gets the stripped record, which the finalize script splices
+/// itself: byte for byte the Rust side's stripped form, for a full body (non-ASCII, escapes and
+/// large numbers around the splice points) and for one stripped already at the record limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
+    let cluster = redis_cluster::shared();
+    let mut cfg = redis_config(cluster, 60_000, Durability::Primary, SUITE_TIMEOUT);
+    cfg.key_prefix = "tg-fallback".into();
+    let store = connect(&cfg).await;
+    // Room for one call, and no bytes: every finalize is over the run's budget.
+    let run = store
+        .create_run(new_run("fallback", 10, &[], 1, 600_000))
+        .await
+        .expect("create");
+    let mut conn = raw(cluster).await;
+    let keys = Keys {
+        prefix: "tg-fallback".into(),
+    };
+    let full = Record {
+        agent_input: serde_json::json!({"q": "\u{1}\u{e9}\\\"", "n": -0.5}),
+        raw_response: serde_json::json!({"é": ["\"status\":\"PROJECTING\"", 1e300]}),
+        ..ready(&projecting(&run, "whole", "search"))
+    };
+    let big = Record {
+        raw_response: serde_json::json!({"blob": "ü".repeat(600)}),
+        ..ready(&projecting(&run, "big", "search"))
+    };
+    for (done, record_bytes, outcome) in [
+        (&full, 1 << 20, Finalized::TooLarge(SizeStage::Run)),
+        (&big, 700, Finalized::TooLarge(SizeStage::Run)),
+    ] {
+        let body = FinalBody::new(done, record_bytes).expect("body");
+        let reserving = Record {
+            status: Status::Projecting,
+            evidence_status: None,
+            raw_response: serde_json::Value::Null,
+            agent_result: serde_json::Value::Null,
+            upstream_status: None,
+            duration_ms: None,
+            ..done.clone()
+        };
+        store
+            .reserve(&reserving, run.created_ms + 1)
+            .await
+            .expect("reserve");
+        assert_eq!(
+            store.finalize(done, record_bytes).await.expect("finalize"),
+            outcome
+        );
+        let key = keys.record(&run.run_id, &done.tool_call_id);
+        let stored: String = q(&mut conn, &["GET", &key]).await;
+        assert_eq!(stored, body.run_fallback(), "{}", done.tool_call_id);
+        assert_eq!(
+            Record::from_json(&stored).expect("readable").error_code,
+            Some(Code::ResultTooLarge(SizeStage::Record).into())
+        );
+    }
+    let used: u64 = q(
+        &mut conn,
+        &["HGET", &keys.run(&run.run_id), "record_bytes_used"],
+    )
+    .await;
+    assert_eq!(used, 0, "a fallback adds no bytes");
 }
 
 /// The slot of a key, computed locally (CRC16 of the hash tag), so no node is asked.

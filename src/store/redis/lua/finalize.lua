@@ -1,9 +1,11 @@
 -- Compare-and-set PROJECTING -> READY | ERROR with the run's byte accounting and the progress
--- append, in one atomic step. The record JSON is written as the Rust side serialized it: it is
--- decoded here only to read its status, never re-encoded (cjson would alter numbers).
+-- append, in one atomic step. The record JSON is written as the Rust side serialized it, never
+-- decoded and re-encoded here (cjson would alter numbers and key order).
 -- KEYS[1] record, KEYS[2] run hash, KEYS[3] progress list
--- ARGV[1] final record JSON, ARGV[2] its size in bytes, ARGV[3] the stripped
--- ERROR/RESULT_TOO_LARGE fallback for a run over its byte budget, ARGV[4] tool_call_id
+-- ARGV[1] final record JSON, ARGV[2] its size in bytes, ARGV[3] where to splice ARGV[1] into
+-- its stripped ERROR/RESULT_TOO_LARGE form for a run over its byte budget: four byte offsets
+-- (the "," before status, request, raw_response and upstream_status), or empty when ARGV[1]
+-- is stripped already; ARGV[4] tool_call_id
 -- Returns 0 written, 1 fallback written (run too large), 2 record missing, 3 not PROJECTING,
 -- 4 run missing.
 local current = redis.call('GET', KEYS[1])
@@ -11,8 +13,10 @@ if not current then
   -- Expired or lost in a failover: never recreate it.
   return 2
 end
-local ok, record = pcall(cjson.decode, current)
-if not ok or type(record) ~= 'table' or record.status ~= 'PROJECTING' then
+-- The stored status is the first `,"status":"` of the record: the fields before it are a
+-- number and JSON strings, in which a quote is always escaped.
+local at = string.find(current, ',"status":"', 1, true)
+if not at or string.sub(current, at + 11, at + 21) ~= 'PROJECTING"' then
   return 3
 end
 local run = redis.call('HMGET', KEYS[2], 'record_bytes_used', 'max_record_bytes')
@@ -23,7 +27,17 @@ local size = tonumber(ARGV[2])
 local outcome = 0
 if tonumber(run[1]) + size > tonumber(run[2]) then
   -- The fallback's bytes are not added: the run is already at its limit.
-  redis.call('SET', KEYS[1], ARGV[3], 'KEEPTTL', 'XX')
+  local body = ARGV[1]
+  if ARGV[3] ~= '' then
+    local s, r, a, u = string.match(ARGV[3], '^(%d+) (%d+) (%d+) (%d+)$')
+    s, r, a, u = tonumber(s), tonumber(r), tonumber(a), tonumber(u)
+    body = string.sub(body, 1, s)
+      .. ',"status":"ERROR","evidence_status":"ERROR"'
+      .. string.sub(body, r + 1, a)
+      .. ',"raw_response":null,"agent_result":null,"error_code":"RESULT_TOO_LARGE"'
+      .. string.sub(body, u + 1)
+  end
+  redis.call('SET', KEYS[1], body, 'KEEPTTL', 'XX')
   outcome = 1
 else
   redis.call('HINCRBY', KEYS[2], 'record_bytes_used', size)
@@ -31,9 +45,9 @@ else
 end
 if redis.call('RPUSH', KEYS[3], ARGV[4]) == 1 then
   -- A new list expires with the run key, so nothing outlives the run.
-  local at = redis.call('PEXPIRETIME', KEYS[2])
-  if at > 0 then
-    redis.call('PEXPIREAT', KEYS[3], at)
+  local expires = redis.call('PEXPIRETIME', KEYS[2])
+  if expires > 0 then
+    redis.call('PEXPIREAT', KEYS[3], expires)
   end
 end
 return outcome
