@@ -197,6 +197,7 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
         input: text.as_bytes(),
         pos: 0,
         out: String::with_capacity(text.len()),
+        copied: 0,
     };
     let mut search = select.map(|select| Search {
         select,
@@ -222,15 +223,14 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
                 Some(&Frame::Array(i)) => Some(Parent::Array(i)),
                 Some(&Frame::Object(_)) => {
                     let &(start, end) = keys.last()?;
-                    Some(Parent::Object(&w.out[start..end]))
+                    Some(Parent::Object(w.out_at(start, end)))
                 }
             };
-            s.value_starts(stack.len(), w.out.len(), w.peek()?, parent);
+            s.value_starts(stack.len(), w.out_len(), w.peek()?, parent);
         }
         match w.peek()? {
             b'{' => {
                 w.open(&mut stack, &mut depth, Frame::Object(keys.len()))?;
-                w.out.push('{');
                 w.skip_ws();
                 if w.peek()? != b'}' {
                     let first = keys.len();
@@ -238,18 +238,15 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
                     continue 'value;
                 }
                 w.pos += 1;
-                w.out.push('}');
                 stack.pop();
             }
             b'[' => {
                 w.open(&mut stack, &mut depth, Frame::Array(0))?;
-                w.out.push('[');
                 w.skip_ws();
                 if w.peek()? != b']' {
                     continue 'value;
                 }
                 w.pos += 1;
-                w.out.push(']');
                 stack.pop();
             }
             b'"' => w.string()?,
@@ -260,7 +257,7 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
             _ => return None,
         }
         if let Some(s) = &mut search {
-            s.value_ends(stack.len(), w.out.len());
+            s.value_ends(stack.len(), w.out_len());
         }
         // After a value: the next one in its container, or the container's end.
         loop {
@@ -270,6 +267,7 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
                     if w.pos != w.input.len() {
                         return None;
                     }
+                    w.flush();
                     return Some(Compact {
                         json: w.out,
                         depth,
@@ -279,24 +277,20 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
                 Some(Frame::Array(index)) => match w.next()? {
                     b',' => {
                         *index += 1;
-                        w.out.push(',');
                         continue 'value;
                     }
                     b']' => {
-                        w.out.push(']');
                         stack.pop();
                     }
                     _ => return None,
                 },
                 Some(&mut Frame::Object(first_key)) => match w.next()? {
                     b',' => {
-                        w.out.push(',');
                         w.skip_ws();
                         w.key(&mut keys, first_key)?;
                         continue 'value;
                     }
                     b'}' => {
-                        w.out.push('}');
                         keys.truncate(first_key);
                         stack.pop();
                     }
@@ -304,21 +298,50 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
                 },
             }
             if let Some(s) = &mut search {
-                s.value_ends(stack.len(), w.out.len());
+                s.value_ends(stack.len(), w.out_len());
             }
         }
     }
 }
 
+/// The pass's reader and writer. What it reads is mostly written as it is (structure, plain
+/// string runs, numbers spelled as serde_json spells them), so the text is copied lazily: the
+/// input from `copied` to `pos` is output not yet copied into `out`, and only what differs
+/// (whitespace dropped, an escape or a number written again) makes the pass copy what came
+/// before. Compact input is copied once, at the end. Offsets in the output count that pending
+/// input ([`Writer::out_len`]).
 struct Writer<'a> {
     text: &'a str,
     /// `text`'s bytes.
     input: &'a [u8],
     pos: usize,
     out: String,
+    copied: usize,
 }
 
 impl Writer<'_> {
+    /// The length of the output so far.
+    fn out_len(&self) -> usize {
+        self.out.len() + (self.pos - self.copied)
+    }
+
+    /// Copies the pending input (up to `pos`) into `out`.
+    fn flush(&mut self) {
+        self.out.push_str(&self.text[self.copied..self.pos]);
+        self.copied = self.pos;
+    }
+
+    /// The output from `start` to `end`: all in `out`, or all still pending (see
+    /// [`Writer::key`], the only caller's source of ranges).
+    fn out_at(&self, start: usize, end: usize) -> &str {
+        if end <= self.out.len() {
+            &self.out[start..end]
+        } else {
+            let from = self.copied + (start - self.out.len());
+            &self.text[from..from + (end - start)]
+        }
+    }
+
     fn peek(&self) -> Option<u8> {
         self.input.get(self.pos).copied()
     }
@@ -330,8 +353,12 @@ impl Writer<'_> {
     }
 
     fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.pos += 1;
+        if let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.flush();
+            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+                self.pos += 1;
+            }
+            self.copied = self.pos;
         }
     }
 
@@ -350,26 +377,30 @@ impl Writer<'_> {
             return None;
         }
         self.pos += word.len();
-        self.out.push_str(word);
         Some(())
     }
 
     /// A key and its colon; `None` if it repeats one of the object's earlier keys (from
-    /// `keys[first..]`), since serde_json keeps only the last value of a repeated key.
+    /// `keys[first..]`), since serde_json keeps only the last value of a repeated key. A key's
+    /// output range lies all in `out` or all in the pending input: when an escape copied part
+    /// of it, the rest is copied too. (A later copy moves all that is pending, so that stays
+    /// true.)
     fn key(&mut self, keys: &mut Vec<(usize, usize)>, first: usize) -> Option<()> {
         if self.peek()? != b'"' {
             return None;
         }
-        let start = self.out.len();
+        let start = self.out_len();
         self.string()?;
-        let end = self.out.len();
+        if self.out.len() > start {
+            self.flush();
+        }
+        let end = self.out_len();
         let earlier = &keys[first..];
         if earlier.len() >= MAX_KEYS_CHECKED {
             return None;
         }
-        let out = self.out.as_bytes();
-        let this = &out[start..end];
-        if earlier.iter().any(|&(s, e)| &out[s..e] == this) {
+        let this = self.out_at(start, end);
+        if earlier.iter().any(|&(s, e)| self.out_at(s, e) == this) {
             return None;
         }
         keys.push((start, end));
@@ -377,29 +408,26 @@ impl Writer<'_> {
         if self.next()? != b':' {
             return None;
         }
-        self.out.push(':');
         Some(())
     }
 
     /// A string, escapes decoded and written again the way serde_json writes them.
     fn string(&mut self) -> Option<()> {
-        // Copied a run at a time: from the quote (or the last escape) to the next stop byte.
-        // Every run starts and ends next to an ASCII byte, so it is whole UTF-8.
-        let mut run = self.pos;
+        // Read a run at a time: from the quote (or the last escape) to the next stop byte.
+        // Every run starts and ends next to an ASCII byte, so what is copied is whole UTF-8.
         self.pos += 1;
         loop {
             self.pos += plain_run(&self.input[self.pos..])?;
             match self.input[self.pos] {
                 b'"' => {
                     self.pos += 1;
-                    self.out.push_str(&self.text[run..self.pos]);
                     return Some(());
                 }
                 b'\\' => {
-                    self.out.push_str(&self.text[run..self.pos]);
+                    self.flush();
                     self.pos += 1;
                     self.escape()?;
-                    run = self.pos;
+                    self.copied = self.pos;
                 }
                 // A raw control character: serde_json refuses it.
                 _ => return None,
@@ -514,7 +542,6 @@ impl Writer<'_> {
                 &self.input[fraction],
             )
         {
-            self.out.push_str(token);
             return Some(());
         }
         let plain = fraction.is_none() && !exponent;
@@ -525,11 +552,13 @@ impl Writer<'_> {
             int_digits <= 19
         };
         if plain && fits {
-            self.out.push_str(token);
             return Some(());
         }
         let n: serde_json::Number = serde_json::from_str(token).ok()?;
-        self.out.push_str(&serde_json::to_string(&n).ok()?);
+        let rendered = serde_json::to_string(&n).ok()?;
+        self.out.push_str(&self.text[self.copied..start]);
+        self.out.push_str(&rendered);
+        self.copied = self.pos;
         Some(())
     }
 
@@ -825,6 +854,10 @@ mod tests {
         let left_to_serde = [
             r#"{"a":1,"b":2,"a":3}"#,
             r#"{"a":1,"\u0061":2}"#,
+            // Repeated keys, one copied into the output and one still pending, either way.
+            r#"{"\u0061":1,"a":2}"#,
+            r#"{ "b": {"a" :1.50, "x":[2E3], "\u0061":2}}"#,
+            r#"{"a\n":1,"b":[ ],"a\u000a":2}"#,
             r#""\ud83d""#,
             r#""\ude00""#,
             r#""\ud83d\u0041""#,
@@ -985,8 +1018,14 @@ mod tests {
     #[test]
     fn pointers_resolve_as_serde_json_resolves_them() {
         let text = r#"{"a":[1,{"b/c":"x\\\"]}","m~n":[[]]},"end"],"":{"":-1.5e-7},"0":true,"n":null,"q\"k\\":7}"#;
+        // The same value spelled with whitespace and escapes in the keys on the paths, so that
+        // keys copied into the output and keys still pending are both looked at.
+        let spelled = r#" { "\u0061" : [ 1 , { "b\/c" : "x\\\"]}", "m~n":[ [ ] ] } , "end" ] ,
+            "" : { "" : -1.5e-7 } , "\u0030":true, "n" :null, "q\"k\u005c":7 } "#;
         let value: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(spelled).unwrap(), value);
         let c = compact(text.as_bytes()).unwrap().json;
+        assert_eq!(compact(spelled.as_bytes()).unwrap().json, c);
         for p in [
             "",
             "/a",
@@ -1015,6 +1054,7 @@ mod tests {
             assert_eq!(ours.as_ref(), value.pointer(p), "{p}");
             if p.is_empty() || p.starts_with('/') {
                 selects_what_pointer_finds(text, p, 1);
+                selects_what_pointer_finds(spelled, p, 1);
             }
         }
     }
