@@ -321,6 +321,7 @@ struct Writer<'a> {
 
 impl Writer<'_> {
     /// The length of the output so far.
+    #[inline(always)]
     fn out_len(&self) -> usize {
         self.out.len() + (self.pos - self.copied)
     }
@@ -333,6 +334,7 @@ impl Writer<'_> {
 
     /// The output from `start` to `end`: all in `out`, or all still pending (see
     /// [`Writer::key`], the only caller's source of ranges).
+    #[inline(always)]
     fn out_at(&self, start: usize, end: usize) -> &str {
         if end <= self.out.len() {
             &self.out[start..end]
@@ -352,14 +354,22 @@ impl Writer<'_> {
         Some(b)
     }
 
+    /// Skips whitespace, which the output leaves out. Called between any two tokens, so the
+    /// test for none is inlined and the skip is not.
+    #[inline(always)]
     fn skip_ws(&mut self) {
         if let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.flush();
-            while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-                self.pos += 1;
-            }
-            self.copied = self.pos;
+            self.drop_ws();
         }
+    }
+
+    #[inline(never)]
+    fn drop_ws(&mut self) {
+        self.flush();
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+        self.copied = self.pos;
     }
 
     fn open(&mut self, stack: &mut Vec<Frame>, depth: &mut usize, frame: Frame) -> Option<()> {
@@ -400,7 +410,11 @@ impl Writer<'_> {
             return None;
         }
         let this = self.out_at(start, end);
-        if earlier.iter().any(|&(s, e)| self.out_at(s, e) == this) {
+        let len = end - start;
+        if earlier
+            .iter()
+            .any(|&(s, e)| e - s == len && self.out_at(s, e) == this)
+        {
             return None;
         }
         keys.push((start, end));
