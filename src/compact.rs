@@ -209,9 +209,10 @@ pub fn compact_selecting(input: &[u8], select: Option<&Select>) -> Option<Compac
         items: Vec::new(),
         found: None,
     });
-    let mut stack: Vec<Frame> = Vec::new();
+    // Sized for a typical tool answer, so neither grows while it is read.
+    let mut stack: Vec<Frame> = Vec::with_capacity(16);
     // The output ranges of the keys of every open object, to find a repeated key.
-    let mut keys: Vec<(usize, usize)> = Vec::new();
+    let mut keys: Vec<(usize, usize)> = Vec::with_capacity(32);
     let mut depth = 0;
     'value: loop {
         w.skip_ws();
