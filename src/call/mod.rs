@@ -153,20 +153,11 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
         tool,
         record,
         deadline_ms,
-        mut guard,
+        guard,
     } = admitted;
 
     state.metrics.in_flight(&tool.name, &tool.metrics, 1);
-    let executed = execute(
-        state,
-        &tool,
-        &record,
-        deadline_ms,
-        &incoming,
-        &mut guard,
-        &span,
-    )
-    .await;
+    let executed = execute(state, &tool, &record, deadline_ms, &incoming, &guard, &span).await;
     let result = finalize(state, &tool, record, executed, started, &span).await;
     state.metrics.in_flight(&tool.name, &tool.metrics, -1);
     drop(guard);
@@ -334,7 +325,7 @@ async fn execute(
     record: &Record,
     deadline_ms: Option<u64>,
     incoming: &Incoming,
-    guard: &mut CallGuard,
+    guard: &CallGuard,
     span: &CallSpan,
 ) -> Executed {
     let (run_id, tool_call_id, input) = (&record.run_id, &record.tool_call_id, &record.request);

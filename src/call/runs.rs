@@ -1,10 +1,10 @@
 //! What this sidecar keeps about runs between calls: the run-spec cache (so preflight steps 7
 //! and 9b cost no store read), the calls in flight (per-run cancellation), and the drain count.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 use crate::clock;
 use crate::config::RunPaths;
@@ -110,20 +110,27 @@ impl RunCache {
 /// Calls in flight on this sidecar: per-run cancellation and the drain count.
 #[derive(Default)]
 pub struct Calls {
-    runs: Mutex<RunMap<(watch::Sender<bool>, usize)>>,
+    /// The runs with calls in flight here, with how many.
+    runs: Mutex<RunMap<(Arc<Cancel>, usize)>>,
     total: AtomicUsize,
     idle: Notify,
+}
+
+/// The cancellation of one run's calls in flight: set once, never cleared.
+#[derive(Default)]
+struct Cancel {
+    set: AtomicBool,
+    woken: Notify,
 }
 
 impl Calls {
     /// Registers a call of `run_id`; the guard unregisters it when dropped.
     pub fn enter(self: &Arc<Self>, run_id: &RunId) -> CallGuard {
         let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = runs
-            .entry(run_id.clone())
-            .or_insert_with(|| (watch::channel(false).0, 0));
+        let entry = runs.entry(run_id.clone()).or_default();
         entry.1 += 1;
-        let cancel = entry.0.subscribe();
+        let cancel = entry.0.clone();
+        drop(runs);
         self.total.fetch_add(1, Ordering::SeqCst);
         CallGuard {
             calls: self.clone(),
@@ -135,8 +142,9 @@ impl Calls {
     /// Aborts every call of `run_id` in flight here.
     pub fn cancel(&self, run_id: &RunId) {
         let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((tx, _)) = runs.get(run_id) {
-            tx.send_replace(true);
+        if let Some((cancel, _)) = runs.get(run_id) {
+            cancel.set.store(true, Ordering::SeqCst);
+            cancel.woken.notify_waiters();
         }
     }
 
@@ -156,14 +164,21 @@ impl Calls {
 pub struct CallGuard {
     calls: Arc<Calls>,
     run_id: RunId,
-    cancel: watch::Receiver<bool>,
+    cancel: Arc<Cancel>,
 }
 
 impl CallGuard {
     /// Resolves once the call's run is cancelled on this sidecar.
-    pub async fn cancelled(&mut self) {
-        if self.cancel.wait_for(|c| *c).await.is_err() {
-            std::future::pending::<()>().await;
+    pub async fn cancelled(&self) {
+        let cancel = &self.cancel;
+        loop {
+            // Made before the flag is read: `notify_waiters` wakes every `Notified` made
+            // before it, polled or not, so a cancel between the two is not lost.
+            let woken = cancel.woken.notified();
+            if cancel.set.load(Ordering::SeqCst) {
+                return;
+            }
+            woken.await;
         }
     }
 }

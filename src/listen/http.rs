@@ -220,9 +220,11 @@ where
         .header_read_timeout(serving.header_read_timeout)
         .serve_connection(TokioIo::new(Watched::new(stream, marks)), service);
     tokio::pin!(conn);
+    // Polled only when the watch changes, not at each of the connection's wakes.
+    let stop = crate::wake::Gated::new(stopped(&mut stop));
     let result = tokio::select! {
         result = conn.as_mut() => result,
-        () = stopped(&mut stop) => {
+        () = stop => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -244,4 +246,53 @@ fn two_framings() -> Response<Body> {
 /// Resolves once `stop` turns true (or its sender is gone).
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An idle keep-alive connection is closed as soon as the listener stops, not left to the
+    /// grace period: the stop reaches a connection whose task nothing else wakes.
+    #[tokio::test]
+    async fn a_stop_closes_idle_keep_alive_connections_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = watch::channel(false);
+        let serving = Serving {
+            close_grace: Duration::from_secs(600),
+            ..Serving::plain(8)
+        };
+        let server = tokio::spawn(serve(
+            listener,
+            serving,
+            |_req| async { text(StatusCode::OK, "ok", "text/plain") },
+            rx,
+        ));
+
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 512];
+        while !seen.ends_with(b"ok") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the response: {seen:?}");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        assert!(seen.starts_with(b"HTTP/1.1 200"), "{seen:?}");
+
+        tx.send_replace(true);
+        // A hang guard far below the grace period, not a timing: the connection must end.
+        let eof = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf))
+            .await
+            .expect("the idle connection was left open after the stop");
+        assert_eq!(eof.unwrap(), 0, "the connection should be closed");
+        tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .expect("serve returned")
+            .unwrap();
+    }
 }
