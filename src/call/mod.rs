@@ -268,7 +268,12 @@ async fn admit(
         now,
     );
     record.agent_input = checked.agent_input.unwrap_or(Value::Null);
-    if let Err(error) = span.reservation(state.store.reserve(&record, now)).await {
+    // The input is serialized here once, for both records and the tool's request body.
+    let reserved = match record.keep_request_json() {
+        Ok(()) => span.reservation(state.store.reserve(&record, now)).await,
+        Err(error) => Err(error),
+    };
+    if let Err(error) = reserved {
         return Err(Rejection {
             error,
             tool_call_id: Some(tool_call_id),
@@ -349,6 +354,7 @@ async fn execute(
         connections: &tool.connections,
         host: &tool.upstream_host,
         input,
+        input_json: record.request_text(),
         run_id,
         tool_call_id,
         traceparent: upstream_span.traceparent().or(incoming.traceparent()),

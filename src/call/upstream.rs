@@ -33,6 +33,8 @@ pub struct ToolRequest<'a> {
     pub host: &'a HeaderValue,
     /// The input object exactly as recorded.
     pub input: &'a Value,
+    /// `input`'s compact JSON as the record holds it, when kept: the plain-HTTP body.
+    pub input_json: Option<&'a str>,
     pub run_id: &'a str,
     pub tool_call_id: &'a str,
     pub traceparent: Option<&'a HeaderValue>,
@@ -169,7 +171,12 @@ impl Upstream {
 
     /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`.
     async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
-        let body = serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?;
+        let body = match req.input_json {
+            Some(text) => text.as_bytes().to_vec(),
+            None => {
+                serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?
+            }
+        };
         let request = Upstream::request(&req, req.connections.target(), body)?;
         let (status, body) = req
             .connections

@@ -81,6 +81,13 @@ pub struct Record {
     /// text: written in place of `agent_result` (then null), as `raw_json` is.
     #[serde(skip)]
     pub agent_json: Option<String>,
+    /// `,"request":…,"agent_input":…` as written, and where the request's JSON ends in it;
+    /// kept by [`Record::keep_request_json`] once both are final, so that the PROJECTING
+    /// record, the final record and the tool's request body serialize the input once between
+    /// them. A record read back has `None` here; a record built with `..` from one that kept
+    /// it must not change `request` or `agent_input`.
+    #[serde(skip)]
+    pub request_json: Option<(String, usize)>,
 }
 
 impl Record {
@@ -111,7 +118,30 @@ impl Record {
             duration_ms: None,
             raw_json: None,
             agent_json: None,
+            request_json: None,
         }
+    }
+
+    /// Serializes `request` and `agent_input` once, for every later write of this record and
+    /// for [`Record::request_text`]. Called once they are final: neither may change after.
+    pub fn keep_request_json(&mut self) -> Result<()> {
+        let mut out = String::with_capacity(64);
+        let mut scratch = Vec::new();
+        let w = &mut Fields {
+            out: &mut out,
+            scratch: &mut scratch,
+        };
+        w.value(REQUEST, &self.request)?;
+        let end = w.out.len();
+        w.value(AGENT_INPUT, &self.agent_input)?;
+        self.request_json = Some((out, end));
+        Ok(())
+    }
+
+    /// The request's compact JSON, when [`Record::keep_request_json`] has kept it.
+    pub fn request_text(&self) -> Option<&str> {
+        let (kept, end) = self.request_json.as_ref()?;
+        kept.get(REQUEST.len()..*end)
     }
 
     /// The compact JSON form whose byte length every size limit counts.
@@ -148,8 +178,13 @@ impl Record {
             self.evidence_status.map(Evidence::as_str),
         );
         let request = w.out.len();
-        w.value(",\"request\":", &self.request)?;
-        w.value(",\"agent_input\":", &self.agent_input)?;
+        match &self.request_json {
+            Some((kept, _)) => w.out.push_str(kept),
+            None => {
+                w.value(REQUEST, &self.request)?;
+                w.value(AGENT_INPUT, &self.agent_input)?;
+            }
+        }
         let raw_response = w.out.len();
         match &self.raw_json {
             Some(raw) => {
@@ -181,6 +216,9 @@ impl Record {
         Ok((out, marks))
     }
 }
+
+const REQUEST: &str = ",\"request\":";
+const AGENT_INPUT: &str = ",\"agent_input\":";
 
 /// Where, in a record's JSON, the fields that its stripped form replaces begin: the byte offset
 /// of the `,"name":` before `status`, `request`, `raw_response` and `upstream_status`.
@@ -473,6 +511,44 @@ mod tests {
         .to_json()
         .unwrap();
         assert!(s.starts_with(r#"{"schema":1,"run_id":"r","tool_call_id":"c","tool":"t","status":"PROJECTING","evidence_status":null,"request":{"b":1,"a":"é"},"agent_input":null,"raw_response":null"#), "{s}");
+    }
+
+    #[test]
+    fn a_kept_request_is_written_as_it_would_be_serialized() {
+        let inputs = [
+            (json!({"q": "x"}), Value::Null),
+            (
+                json!({"b": 1, "a": "é\u{1}\"", "n": [1.5, null, {"z": true}]}),
+                json!({"b": 2}),
+            ),
+            // A key like the field that follows the request.
+            (
+                json!({"x": {"a": 1, "agent_input": 2}}),
+                json!({"agent_input": {"agent_input": 3}}),
+            ),
+            (json!([]), json!("s")),
+        ];
+        for (request, agent_input) in inputs {
+            let mut r = ready("r", "c");
+            r.request = request.clone();
+            r.agent_input = agent_input;
+            let mut kept = r.clone();
+            assert_eq!(kept.request_text(), None);
+            kept.keep_request_json().unwrap();
+            assert_eq!(
+                kept.request_text(),
+                Some(serde_json::to_string(&request).unwrap().as_str())
+            );
+            assert_eq!(kept.to_json().unwrap(), r.to_json().unwrap());
+            assert_eq!(kept.to_json().unwrap(), serde_json::to_string(&r).unwrap());
+            let (full, marks) = kept.write_json().unwrap();
+            let (want, want_marks) = r.write_json().unwrap();
+            assert_eq!(full, want);
+            assert_eq!(
+                super::stripped(&full, marks),
+                super::stripped(&want, want_marks)
+            );
+        }
     }
 
     #[test]
