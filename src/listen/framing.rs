@@ -276,6 +276,10 @@ fn body_framing(head: &[u8]) -> (Option<u64>, bool, bool) {
     let (mut length, mut has_length, mut has_te, mut chunked) = (None, false, false, false);
     for newline in memchr::memchr_iter(b'\n', head) {
         let line = &head[newline + 1..];
+        // Most lines are passed over on their first byte.
+        if !matches!(line.first(), Some(b'c' | b'C' | b't' | b'T')) {
+            continue;
+        }
         let named = |name: &[u8]| {
             line.get(..name.len())
                 .is_some_and(|n| n.eq_ignore_ascii_case(name))
