@@ -74,20 +74,35 @@ impl<K, V> Default for Sharded<K, V> {
     }
 }
 
+/// Where a key lies in a [`Sharded`]: its hash and the shard the hash picks. Found once, it
+/// serves every lookup of that key within one operation.
+#[derive(Clone, Copy)]
+struct At {
+    hash: u64,
+    shard: usize,
+}
+
 impl<K: Hash + Eq, V> Sharded<K, V> {
-    /// The key's hash, and the shard it picks.
-    fn locate(&self, key: &K) -> (u64, usize) {
+    fn locate(&self, key: &K) -> At {
         let hash = self.hasher.hash_one(key);
-        (hash, (hash >> 56) as usize % SHARDS)
+        At {
+            hash,
+            shard: (hash >> 56) as usize % SHARDS,
+        }
     }
 
     fn get(&self, key: &K) -> Option<&V> {
-        let (hash, i) = self.locate(key);
+        let At { hash, shard: i } = self.locate(key);
         self.shards[i].find(hash, |(k, _)| k == key).map(|(_, v)| v)
     }
 
     fn insert(&mut self, key: K, value: V) -> Option<V> {
-        let (hash, i) = self.locate(&key);
+        self.insert_at(self.locate(&key), key, value)
+    }
+
+    /// [`Sharded::insert`] of `key`, which lies at `at`.
+    fn insert_at(&mut self, at: At, key: K, value: V) -> Option<V> {
+        let At { hash, shard: i } = at;
         let hasher = &self.hasher;
         match self.shards[i].entry(hash, |(k, _)| *k == key, |(k, _)| hasher.hash_one(k)) {
             hashbrown::hash_table::Entry::Occupied(mut e) => {
@@ -104,7 +119,12 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
     /// The value of `key` when `keep` holds for it; otherwise it is removed. One hash, one
     /// probe.
     fn lookup(&mut self, key: &K, keep: impl FnOnce(&V) -> bool) -> Lookup<'_, V> {
-        let (hash, i) = self.locate(key);
+        self.lookup_at(self.locate(key), key, keep)
+    }
+
+    /// [`Sharded::lookup`] of `key`, which lies at `at`.
+    fn lookup_at(&mut self, at: At, key: &K, keep: impl FnOnce(&V) -> bool) -> Lookup<'_, V> {
+        let At { hash, shard: i } = at;
         match self.shards[i].find_entry(hash, |(k, _)| k == key) {
             Err(_) => Lookup::Missing,
             Ok(found) if keep(&found.get().1) => Lookup::Kept(&mut found.into_mut().1),
@@ -117,7 +137,7 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
     }
 
     fn remove(&mut self, key: &K) -> Option<V> {
-        let (hash, i) = self.locate(key);
+        let At { hash, shard: i } = self.locate(key);
         let found = self.shards[i].find_entry(hash, |(k, _)| k == key).ok()?;
         let ((_, old), _) = found.remove();
         self.len -= 1;
@@ -318,10 +338,10 @@ impl Inner {
         }
     }
 
-    /// Inserts or replaces a record, keeping the byte count.
-    fn put_record(&mut self, key: (RunId, ToolCallId), record: Expiring<StoredRecord>) {
+    /// Inserts or replaces the record of `key`, which lies at `at`, keeping the byte count.
+    fn put_record(&mut self, at: At, key: (RunId, ToolCallId), record: Expiring<StoredRecord>) {
         self.bytes += record_size(&key, &record.value.json);
-        if let Some(old) = self.records.insert(key.clone(), record) {
+        if let Some(old) = self.records.insert_at(at, key.clone(), record) {
             self.bytes = self
                 .bytes
                 .saturating_sub(record_size(&key, &old.value.json));
@@ -347,10 +367,20 @@ impl Inner {
         now: Instant,
     ) -> Option<&Expiring<StoredRecord>> {
         let key = (run_id.clone(), id.clone());
-        match self.records.lookup(&key, |e| e.live(now)) {
+        self.record_at(self.records.locate(&key), &key, now)
+    }
+
+    /// [`Inner::record`] of `key`, which lies at `at`.
+    fn record_at(
+        &mut self,
+        at: At,
+        key: &(RunId, ToolCallId),
+        now: Instant,
+    ) -> Option<&Expiring<StoredRecord>> {
+        match self.records.lookup_at(at, key, |e| e.live(now)) {
             Lookup::Kept(e) => Some(e),
             Lookup::Removed(e) => {
-                self.bytes = self.bytes.saturating_sub(record_size(&key, &e.value.json));
+                self.bytes = self.bytes.saturating_sub(record_size(key, &e.value.json));
                 None
             }
             Lookup::Missing => None,
@@ -416,9 +446,9 @@ impl Store for MemoryStore {
             // The record, and its id in the progress list later.
             let size = record_size(&key, &body) + PROGRESS_OVERHEAD + key.1.len() as u64;
             inner.room_for(size, self.max_bytes)?;
-            let duplicate = inner
-                .record(&record.run_id, &record.tool_call_id, now)
-                .is_some();
+            // Hashed once, for the duplicate check and the insert.
+            let at = inner.records.locate(&key);
+            let duplicate = inner.record_at(at, &key, now).is_some();
             let Some(entry) = inner.run(&record.run_id, now) else {
                 return Err(Code::RunInactive.into());
             };
@@ -432,6 +462,7 @@ impl Store for MemoryStore {
             let expires_at = now + self.record_ttl_ms;
             inner.expire_at(expires_at, Key::Record(key.0.clone(), key.1.clone()));
             inner.put_record(
+                at,
                 key,
                 Expiring {
                     value: StoredRecord {
@@ -450,7 +481,10 @@ impl Store for MemoryStore {
             let body = FinalBody::new(record, record_bytes)?;
             let now = clock::now_ms();
             let mut inner = self.lock_at(now);
-            let Some(current) = inner.record(&record.run_id, &record.tool_call_id, now) else {
+            let key = (record.run_id.clone(), record.tool_call_id.clone());
+            // Hashed once, for the read and the write.
+            let at = inner.records.locate(&key);
+            let Some(current) = inner.record_at(at, &key, now) else {
                 return Err(Error::with_cause(Code::RecordExpired, "record vanished"));
             };
             if !current.value.projecting {
@@ -477,7 +511,8 @@ impl Store for MemoryStore {
             // (what was acknowledged must be readable), so the bound can be passed by at most
             // the calls in flight times their record_bytes.
             inner.put_record(
-                (record.run_id.clone(), record.tool_call_id.clone()),
+                at,
+                key,
                 Expiring {
                     value: StoredRecord {
                         json: body,
