@@ -5,30 +5,31 @@
 //! (`tokio::time::pause`, `start_paused`) and advances it, deadlines, the memory store's TTLs and
 //! the times in records all move with it, so no test has to sleep on the wall clock. Outside a
 //! paused runtime tokio's clock is the monotonic clock, so this is the wall clock read through
-//! an anchor that is taken again whenever the wall clock is stepped by more than a second. The
-//! wall clock is compared with the anchor at most every [`CHECK_EVERY`], so a step is followed
-//! within that time, and most reads cost two monotonic clock reads and no wall clock read.
+//! an anchor (the wall clock minus the monotonic clock, in nanoseconds) that is taken again
+//! whenever the wall clock is stepped by more than a second. The wall clock is compared with the
+//! anchor at most every [`CHECK_EVERY_NS`] of tokio's clock, so a step is followed within that
+//! time, and most reads cost one monotonic clock read and two atomic loads, with no lock.
 
-use std::sync::Mutex;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The wall clock at one monotonic instant. Time is read as that wall time plus tokio's clock
-/// since the instant, so a paused tokio clock gives exact, repeatable times.
-struct Anchor {
-    wall: Duration,
-    at: Instant,
-    /// When the wall clock was last compared with the anchor.
-    checked: Instant,
-}
+/// The monotonic instant the clock counts from.
+static BASE: OnceLock<Instant> = OnceLock::new();
+
+/// The anchor: the wall clock's nanoseconds since the epoch minus the monotonic clock's since
+/// [`BASE`], when it was last taken. The time is this plus tokio's clock since `BASE`.
+static OFFSET_NS: AtomicI64 = AtomicI64::new(0);
+
+/// Tokio's clock since [`BASE`] when the wall clock was last compared with the anchor.
+static CHECKED_NS: AtomicI64 = AtomicI64::new(0);
 
 /// When the wall clock and the monotonic clock disagree by more than this (the wall clock was
 /// stepped), the anchor is taken again.
-const RESYNC: Duration = Duration::from_secs(1);
+const RESYNC_NS: u64 = 1_000_000_000;
 
 /// How often the wall clock is compared with the anchor.
-const CHECK_EVERY: Duration = Duration::from_millis(100);
-
-static ANCHOR: Mutex<Option<Anchor>> = Mutex::new(None);
+const CHECK_EVERY_NS: u64 = 100_000_000;
 
 #[allow(clippy::disallowed_methods)] // the one place the wall clock is read
 fn wall() -> Duration {
@@ -37,35 +38,52 @@ fn wall() -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
+/// Nanoseconds as a signed count, saturating (past the year 2262).
+fn ns(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+/// `t` less `base` in nanoseconds; negative when `t` is earlier (a paused tokio clock can
+/// stand before the instant the clock was first read).
+fn since(t: Instant, base: Instant) -> i64 {
+    match t.checked_duration_since(base) {
+        Some(ahead) => ns(ahead),
+        None => -ns(base.duration_since(t)),
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    let real = Instant::now();
-    let mut anchor = ANCHOR.lock().unwrap_or_else(|p| p.into_inner());
-    let fresh = anchor.as_mut().is_some_and(|a| {
-        if real.saturating_duration_since(a.checked) < CHECK_EVERY {
-            return true;
-        }
-        a.checked = real;
-        let expected = a.wall + real.saturating_duration_since(a.at);
-        expected.abs_diff(wall()) <= RESYNC
+    let base = *BASE.get_or_init(|| {
+        let at = Instant::now();
+        OFFSET_NS.store(ns(wall()), Relaxed);
+        at
     });
-    if !fresh {
-        *anchor = Some(Anchor {
-            wall: wall(),
-            at: real,
-            checked: real,
-        });
-    }
-    let Some(a) = anchor.as_ref() else {
-        return wall().as_millis() as u64;
-    };
     // tokio's clock: the monotonic clock, or the paused (and advanced) one in tests.
-    let tokio_now = tokio::time::Instant::now().into_std();
-    let since = match tokio_now.checked_duration_since(a.at) {
-        Some(ahead) => a.wall + ahead,
-        None => a.wall.saturating_sub(a.at.duration_since(tokio_now)),
-    };
-    since.as_millis() as u64
+    let now = since(tokio::time::Instant::now().into_std(), base);
+    let checked = CHECKED_NS.load(Relaxed);
+    // One caller compares the clocks; the others read the anchor as it is.
+    if now.abs_diff(checked) >= CHECK_EVERY_NS
+        && CHECKED_NS
+            .compare_exchange(checked, now, Relaxed, Relaxed)
+            .is_ok()
+    {
+        resync(base);
+    }
+    let at = OFFSET_NS.load(Relaxed).saturating_add(now);
+    u64::try_from(at / 1_000_000).unwrap_or(0)
+}
+
+/// Takes the anchor again if the wall clock no longer agrees with it. Compared on the real
+/// monotonic clock, so a paused tokio clock is never mistaken for a stepped wall clock.
+#[cold]
+fn resync(base: Instant) {
+    let real = since(Instant::now(), base);
+    let wall = ns(wall());
+    let expected = OFFSET_NS.load(Relaxed).saturating_add(real);
+    if expected.abs_diff(wall) > RESYNC_NS {
+        OFFSET_NS.store(wall.saturating_sub(real), Relaxed);
+    }
 }
 
 /// Formats epoch milliseconds as `2026-11-29T22:03:04.123Z`. Every record is stamped with it,
@@ -187,6 +205,32 @@ mod tests {
     fn past_year_9999_it_still_formats() {
         assert_eq!(rfc3339(253_402_300_800_000), "10000-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // the wall clock, to compare with
+    fn agrees_with_the_wall_clock_from_every_thread() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    (0..10_000)
+                        .map(|_| {
+                            let ours = now_ms();
+                            let wall = SystemTime::now()
+                                .duration_since(UNIX_EPOCH)
+                                .unwrap()
+                                .as_millis() as u64;
+                            ours.abs_diff(wall)
+                        })
+                        .max()
+                        .unwrap()
+                })
+            })
+            .collect();
+        for t in threads {
+            let off = t.join().unwrap();
+            assert!(off <= 1_000, "now_ms is {off} ms off the wall clock");
+        }
     }
 
     #[tokio::test(start_paused = true)]

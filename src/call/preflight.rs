@@ -377,6 +377,65 @@ mod tests {
         Some((e.run_id, e.tool_call_id, e.tool, e.input))
     }
 
+    /// Envelope-like texts: the four keys (one of them escaped), another key, values of every
+    /// kind including escaped and non-ASCII strings, repeated keys, spacing, and sometimes a
+    /// byte changed.
+    fn envelopes() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let key = prop::sample::select(vec![
+            r#""run_id""#,
+            r#""tool_call_id""#,
+            r#""tool""#,
+            r#""input""#,
+            r#""run\u005fid""#,
+            r#""in\u0070ut""#,
+            r#""other""#,
+            r#""""#,
+        ]);
+        let value = prop::sample::select(vec![
+            r#""r-1""#,
+            r#""c\"q\\""#,
+            r#""\u00e9\ud83d\ude00""#,
+            "\"\u{e9}t\u{1F600}\"",
+            r#""a\/b\n""#,
+            "5",
+            "-0.5e3",
+            "1e400",
+            "true",
+            "null",
+            r#"{"q":"x","n":[1,2.50,{"z":null}]}"#,
+            r#"{"q":"x","q":"y"}"#,
+            "[ ]",
+            r#"{ "a" : [ 1 , "b" ] }"#,
+        ]);
+        let space = prop::sample::select(vec!["", " ", "\n\t"]);
+        let member = (key, space.clone(), value).prop_map(|(k, s, v)| format!("{k}:{s}{v}"));
+        (
+            prop::collection::vec(member, 0..6),
+            space,
+            any::<prop::sample::Index>(),
+            prop::option::of(any::<u8>()),
+        )
+            .prop_map(|(members, s, at, byte)| {
+                let mut text = format!("{{{s}{}{s}}}", members.join(","));
+                if let Some(b) = byte {
+                    let mut bytes = text.into_bytes();
+                    let i = at.index(bytes.len());
+                    bytes[i] = b;
+                    text = String::from_utf8_lossy(&bytes).into_owned();
+                }
+                text
+            })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn envelopes_read_as_the_maps_they_are(text in envelopes()) {
+            proptest::prop_assert_eq!(by_envelope(&text), by_map(&text), "{}", text);
+        }
+    }
+
     #[test]
     fn the_envelope_reads_as_the_map_it_is() {
         let deep = format!("{{\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
