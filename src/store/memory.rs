@@ -3,7 +3,7 @@
 //! on the one clock ([`crate::clock`]), so tests move TTLs by pausing and advancing tokio time.
 //!
 //! Nothing grows as one block: records sit in many small hash maps that each grow on their
-//! own, expiry instants in an ordered map of small lists, progress lists in chunks. So no
+//! own, expiry in an ordered map with one entry a key, progress lists in chunks. So no
 //! single operation pays for rehashing or copying the whole store, however many records it
 //! holds.
 
@@ -46,9 +46,13 @@ struct Inner {
     records: Sharded<(RunId, ToolCallId), Expiring<StoredRecord>>,
     /// The bytes the runs and records above take, by the estimate of the constants above.
     bytes: u64,
-    /// The keys due at each instant, soonest first: expired keys are dropped in O(log n) each,
-    /// so memory stays bounded by the TTLs without ever scanning the whole store.
-    expiry: BTreeMap<Instant, Vec<Key>>,
+    /// Every key by the instant it is due, soonest first (and in the order they were added at
+    /// one instant, by a sequence number): expired keys are dropped in O(log n) each, so
+    /// memory stays bounded by the TTLs without ever scanning the whole store. One entry a
+    /// key, with no list of its own to allocate.
+    expiry: BTreeMap<(Instant, u64), Key>,
+    /// The sequence number of the next key added to `expiry`.
+    expiry_seq: u64,
 }
 
 /// How many maps the records (and runs) are spread over: a shard that grows rehashes only its
@@ -56,8 +60,8 @@ struct Inner {
 const SHARDS: usize = 256;
 
 /// A hash map split into [`SHARDS`] tables by the key's hash, each growing independently.
-/// A key is hashed once per operation: the hash's high bits pick the shard and the table
-/// finds the slot with the same hash.
+/// A key is hashed once per operation: eight middle bits of the hash pick the shard (see
+/// [`shard_of`]) and the table finds the slot with the same hash.
 struct Sharded<K, V> {
     shards: Vec<HashTable<(K, V)>>,
     hasher: RandomState,
@@ -74,6 +78,14 @@ impl<K, V> Default for Sharded<K, V> {
     }
 }
 
+/// The shard of a hash: bits 32–39. A table takes a slot's position from the hash's low bits
+/// and, to tell the keys in a probed group apart before comparing them, a tag from its top
+/// seven bits; a shard picked by either would give all its keys the same position bits or the
+/// same tag (the top bits made every key of a group a candidate, each compared in full).
+fn shard_of(hash: u64) -> usize {
+    (hash >> 32) as usize % SHARDS
+}
+
 /// Where a key lies in a [`Sharded`]: its hash and the shard the hash picks. Found once, it
 /// serves every lookup of that key within one operation.
 #[derive(Clone, Copy)]
@@ -87,7 +99,7 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
         let hash = self.hasher.hash_one(key);
         At {
             hash,
-            shard: (hash >> 56) as usize % SHARDS,
+            shard: shard_of(hash),
         }
     }
 
@@ -270,37 +282,27 @@ impl MemoryStore {
 const EXPIRE_PER_OPERATION: usize = 64;
 
 impl Inner {
-    /// Drops up to `max` of the keys whose time has come, soonest first. A heap entry whose key
+    /// Drops up to `max` of the keys whose time has come, soonest first. An entry whose key
     /// was since replaced by a newer one (same name, later expiry) leaves that key alone.
     fn expire(&mut self, now: Instant, max: usize) {
-        let mut left = max;
-        while left > 0 {
-            let Some(mut due) = self.expiry.first_entry() else {
+        for _ in 0..max {
+            let Some(due) = self.expiry.first_entry() else {
                 break;
             };
-            let at = *due.key();
+            let (at, _) = *due.key();
             if at > now {
                 break;
             }
-            let keys = due.get_mut();
-            let batch = if keys.len() <= left {
-                due.remove()
-            } else {
-                keys.split_off(keys.len() - left)
-            };
-            left -= batch.len();
-            for key in batch {
-                match key {
-                    Key::Run(id) => {
-                        if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
-                            self.remove_run(&id);
-                        }
+            match due.remove() {
+                Key::Run(id) => {
+                    if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
+                        self.remove_run(&id);
                     }
-                    Key::Record(run, id) => {
-                        let key = (run, id);
-                        if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
-                            self.remove_record(&key);
-                        }
+                }
+                Key::Record(run, id) => {
+                    let key = (run, id);
+                    if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
+                        self.remove_record(&key);
                     }
                 }
             }
@@ -308,7 +310,8 @@ impl Inner {
     }
 
     fn expire_at(&mut self, at: Instant, key: Key) {
-        self.expiry.entry(at).or_default().push(key);
+        self.expiry.insert((at, self.expiry_seq), key);
+        self.expiry_seq += 1;
     }
 
     /// Fails closed when `size` more bytes would take the store past `max_bytes`, counting only
@@ -575,6 +578,32 @@ mod tests {
     use crate::store::Budget;
     use serde_json::json;
     use std::time::Duration;
+
+    #[test]
+    fn keys_of_one_shard_keep_distinct_tags_and_positions() {
+        use std::collections::HashSet;
+        let table: Sharded<u64, ()> = Sharded::default();
+        let mut tags = vec![HashSet::new(); SHARDS];
+        let mut positions = vec![HashSet::new(); SHARDS];
+        for key in 0..20_000u64 {
+            let At { hash, shard } = table.locate(&key);
+            // What the table tags a slot with (the top seven bits) and places it by (low bits).
+            tags[shard].insert(hash >> 57);
+            positions[shard].insert(hash & 0x3f);
+        }
+        for shard in 0..SHARDS {
+            assert!(
+                tags[shard].len() >= 24,
+                "shard {shard}: {} tags",
+                tags[shard].len()
+            );
+            assert!(
+                positions[shard].len() >= 24,
+                "shard {shard}: {} positions",
+                positions[shard].len()
+            );
+        }
+    }
 
     /// Creates run `r`, due 500 ms from `now`, that may take `max_calls` calls.
     async fn create_run(store: &MemoryStore, now: Instant, max_calls: u64) -> RunId {
