@@ -10,6 +10,7 @@
 //! anchor at most every [`CHECK_EVERY_NS`] of tokio's clock, so a step is followed within that
 //! time, and most reads cost one monotonic clock read and two atomic loads, with no lock.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -123,30 +124,47 @@ pub fn push_log_time(out: &mut String) -> bool {
 /// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS.` then `fraction` in the `N - 21` digits
 /// left before a closing `Z`; `None` for a year outside 0–9999.
 fn stamp<const N: usize>(secs: u64, fraction: u64) -> Option<[u8; N]> {
+    let mut out = [b'0'; N];
+    out[..19].copy_from_slice(&second(secs)?);
+    out[19] = b'.';
+    out[N - 1] = b'Z';
+    digits(&mut out[20..N - 1], fraction);
+    Some(out)
+}
+
+thread_local! {
+    /// The last second this thread wrote, and its text: a call stamps its records and its log
+    /// line within the same second, so the date is worked out once a second, not every time.
+    static LAST_SECOND: Cell<(u64, [u8; 19])> = const { Cell::new((u64::MAX, [0; 19])) };
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS`; `None` for a year outside 0–9999.
+fn second(secs: u64) -> Option<[u8; 19]> {
+    let (last, text) = LAST_SECOND.get();
+    if last == secs {
+        return Some(text);
+    }
+    let text = date_time(secs)?;
+    LAST_SECOND.set((secs, text));
+    Some(text)
+}
+
+fn date_time(secs: u64) -> Option<[u8; 19]> {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     if !(0..=9999).contains(&y) {
         return None;
     }
-    let mut out = [b'0'; N];
-    for (at, sep) in [
-        (4, b'-'),
-        (7, b'-'),
-        (10, b'T'),
-        (13, b':'),
-        (16, b':'),
-        (19, b'.'),
-    ] {
+    let mut out = [b'0'; 19];
+    for (at, sep) in [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')] {
         out[at] = sep;
     }
-    out[N - 1] = b'Z';
     digits(&mut out[0..4], y as u64);
     digits(&mut out[5..7], u64::from(m));
     digits(&mut out[8..10], u64::from(d));
     digits(&mut out[11..13], rem / 3600);
     digits(&mut out[14..16], rem / 60 % 60);
     digits(&mut out[17..19], rem % 60);
-    digits(&mut out[20..N - 1], fraction);
     Some(out)
 }
 
@@ -184,20 +202,32 @@ mod tests {
         assert_eq!(rfc3339(1_796_000_000_123), "2026-11-30T00:53:20.123Z");
     }
 
+    fn formatted(ms: u64) -> String {
+        let secs = ms / 1000;
+        let (days, rem) = (secs / 86_400, secs % 86_400);
+        let (y, m, d) = civil_from_days(days as i64);
+        format!(
+            "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+            rem / 3600,
+            rem / 60 % 60,
+            rem % 60,
+            ms % 1000
+        )
+    }
+
     proptest::proptest! {
         #[test]
-        fn the_template_writes_what_format_would(ms in 0u64..=253_402_300_799_999) {
-            let secs = ms / 1000;
-            let (days, rem) = (secs / 86_400, secs % 86_400);
-            let (y, m, d) = civil_from_days(days as i64);
-            let expected = format!(
-                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-                rem / 3600,
-                rem / 60 % 60,
-                rem % 60,
-                ms % 1000
-            );
-            proptest::prop_assert_eq!(rfc3339(ms), expected);
+        fn the_template_writes_what_format_would(
+            ms in 0u64..=253_402_300_797_999,
+            later in proptest::collection::vec(0u64..2_000, 1..4),
+        ) {
+            proptest::prop_assert_eq!(rfc3339(ms), formatted(ms));
+            // Times soon after: the same second (the date kept from before) or the next ones.
+            let mut at = ms;
+            for step in later {
+                at += step;
+                proptest::prop_assert_eq!(rfc3339(at), formatted(at));
+            }
         }
     }
 
