@@ -2,13 +2,14 @@
 //! reservation). The first failing check answers; nothing is forwarded and nothing is spent.
 //! The order is listed in `docs/api.md`.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::HeaderValue;
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::auth::Tokens;
@@ -84,24 +85,75 @@ pub struct Admitted {
 }
 
 /// What the request says, read once: each field is only trusted by the step that checks it.
-struct Claims {
+/// An envelope's strings are borrowed from the body where they need no unescaping.
+struct Claims<'a> {
     /// The envelope's `input`; `Err` when the envelope body is not a JSON object (step 3).
     envelope: Result<Option<Value>, ()>,
-    tool_call_id: Option<String>,
-    run_id: Option<String>,
-    tool: Option<String>,
+    tool_call_id: Option<Cow<'a, str>>,
+    run_id: Option<Cow<'a, str>>,
+    tool: Option<Cow<'a, str>>,
 }
 
 /// The envelope `{"run_id","tool_call_id","tool","input"}`, read in one pass as a JSON object
 /// parsed into a map would be read, without building the map: each value is parsed as a
 /// `Value` (other keys' too, then dropped, so the same texts are refused), a claim that is
-/// not a string reads as absent, and a repeated key keeps its last value.
+/// not a string reads as absent, and a repeated key keeps its last value. A claim is borrowed
+/// from the body unless it has an escape.
 #[derive(Default)]
-struct Envelope {
-    run_id: Option<String>,
-    tool_call_id: Option<String>,
-    tool: Option<String>,
+struct Envelope<'a> {
+    run_id: Option<Cow<'a, str>>,
+    tool_call_id: Option<Cow<'a, str>>,
+    tool: Option<Cow<'a, str>>,
     input: Option<Value>,
+}
+
+/// A claim's value: the string, or nothing for any other JSON value, which is read all the
+/// same (as a `Value` would read it) so that the same texts are refused.
+struct Claim<'a>(Option<Cow<'a, str>>);
+
+impl<'de> Deserialize<'de> for Claim<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct AnyValue;
+        impl<'de> Visitor<'de> for AnyValue {
+            type Value = Claim<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Claim<'de>, E> {
+                Ok(Claim(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Claim<'de>, E> {
+                Ok(Claim(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Claim<'de>, E> {
+                Ok(Claim(Some(Cow::Owned(v))))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Claim<'de>, E> {
+                Ok(Claim(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Claim<'de>, E> {
+                Ok(Claim(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Claim<'de>, E> {
+                Ok(Claim(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Claim<'de>, E> {
+                Ok(Claim(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Claim<'de>, E> {
+                Ok(Claim(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Claim<'de>, A::Error> {
+                while seq.next_element::<Value>()?.is_some() {}
+                Ok(Claim(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Claim<'de>, A::Error> {
+                while map.next_entry::<String, Value>()?.is_some() {}
+                Ok(Claim(None))
+            }
+        }
+        d.deserialize_any(AnyValue)
+    }
 }
 
 /// A key of the envelope.
@@ -135,28 +187,27 @@ impl<'de> Deserialize<'de> for EnvelopeKey {
     }
 }
 
-impl<'de> Deserialize<'de> for Envelope {
+impl<'de> Deserialize<'de> for Envelope<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct Object;
         impl<'de> Visitor<'de> for Object {
-            type Value = Envelope;
+            type Value = Envelope<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
-                let text = |v: Value| match v {
-                    Value::String(s) => Some(s),
-                    _ => None,
-                };
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope<'de>, A::Error> {
                 let mut e = Envelope::default();
                 while let Some(key) = map.next_key::<EnvelopeKey>()? {
-                    let value: Value = map.next_value()?;
                     match key {
-                        EnvelopeKey::RunId => e.run_id = text(value),
-                        EnvelopeKey::ToolCallId => e.tool_call_id = text(value),
-                        EnvelopeKey::Tool => e.tool = text(value),
-                        EnvelopeKey::Input => e.input = Some(value),
-                        EnvelopeKey::Other => {}
+                        EnvelopeKey::RunId => e.run_id = map.next_value::<Claim<'de>>()?.0,
+                        EnvelopeKey::ToolCallId => {
+                            e.tool_call_id = map.next_value::<Claim<'de>>()?.0;
+                        }
+                        EnvelopeKey::Tool => e.tool = map.next_value::<Claim<'de>>()?.0,
+                        EnvelopeKey::Input => e.input = Some(map.next_value()?),
+                        EnvelopeKey::Other => {
+                            map.next_value::<Value>()?;
+                        }
                     }
                 }
                 Ok(e)
@@ -166,13 +217,23 @@ impl<'de> Deserialize<'de> for Envelope {
     }
 }
 
-impl Claims {
-    fn read(form: &Form, headers: &HeaderMap, body: Option<&Bytes>) -> Claims {
+impl<'a> Claims<'a> {
+    /// What a request claims; only its body is borrowed, so the form stays free to take the
+    /// input from.
+    fn of(form: &Form, headers: &HeaderMap, body: &'a Received) -> Claims<'a> {
+        let body = match body {
+            Received::Complete(b) => Some(b),
+            Received::TooLarge | Received::Broken => None,
+        };
+        Claims::read(form, headers, body)
+    }
+
+    fn read(form: &Form, headers: &HeaderMap, body: Option<&'a Bytes>) -> Claims<'a> {
         let header = |name: &str| {
             headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
+                .map(|v| Cow::Owned(v.to_owned()))
         };
         match form {
             Form::Envelope => match body.and_then(|b| serde_json::from_slice::<Envelope>(b).ok()) {
@@ -191,15 +252,15 @@ impl Claims {
             },
             Form::Mcp(call) => Claims {
                 envelope: Ok(None),
-                tool_call_id: call.tool_call_id.clone(),
-                run_id: call.run_id.clone(),
-                tool: Some(call.tool.clone()),
+                tool_call_id: call.tool_call_id.clone().map(Cow::Owned),
+                run_id: call.run_id.clone().map(Cow::Owned),
+                tool: Some(Cow::Owned(call.tool.clone())),
             },
             Form::Intercept { tool } => Claims {
                 envelope: Ok(None),
                 tool_call_id: header("x-tool-call-id"),
                 run_id: header("x-run-id"),
-                tool: Some(tool.clone()),
+                tool: Some(Cow::Owned(tool.clone())),
             },
         }
     }
@@ -219,12 +280,8 @@ impl Incoming {
         }
     }
 
-    fn claims(&self) -> Claims {
-        let body = match &self.body {
-            Received::Complete(b) => Some(b),
-            Received::TooLarge | Received::Broken => None,
-        };
-        Claims::read(&self.form, &self.headers, body)
+    fn claims(&self) -> Claims<'_> {
+        Claims::of(&self.form, &self.headers, &self.body)
     }
 }
 
@@ -250,7 +307,7 @@ pub fn identify(
     tokens: &Tokens,
     incoming: &mut Incoming,
 ) -> Result<Identified, Rejection> {
-    let claims = incoming.claims();
+    let claims = Claims::of(&incoming.form, &incoming.headers, &incoming.body);
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t)).cloned();
     let reject = |code: Code| rejection(&claims, tool.as_ref(), code);
 
@@ -374,7 +431,13 @@ mod tests {
 
     fn by_envelope(text: &str) -> Option<Read> {
         let e = serde_json::from_str::<Envelope>(text).ok()?;
-        Some((e.run_id, e.tool_call_id, e.tool, e.input))
+        let owned = |c: Option<Cow<'_, str>>| c.map(Cow::into_owned);
+        Some((
+            owned(e.run_id),
+            owned(e.tool_call_id),
+            owned(e.tool),
+            e.input,
+        ))
     }
 
     /// Envelope-like texts: the four keys (one of them escaped), another key, values of every
