@@ -49,13 +49,17 @@ pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Bod
 fn respond(answer: Answer) -> Response<http::Body> {
     match answer.result {
         Ok(shown) => {
-            let id = serde_json::to_string(&answer.tool_call_id).unwrap_or_default();
-            let mut out = Vec::with_capacity(shown.result_json.len() + id.len() + 96);
-            out.extend_from_slice(br#"{"status":"READY","tool_call_id":"#);
-            out.extend_from_slice(id.as_bytes());
-            out.extend_from_slice(br#","evidence_status":""#);
-            out.extend_from_slice(shown.evidence.as_str().as_bytes());
-            out.extend_from_slice(br#"","result":"#);
+            let id = answer.tool_call_id.as_ref().map_or("", |id| id.as_str());
+            let mut out = String::with_capacity(shown.result_json.len() + id.len() + 96);
+            out.push_str(r#"{"status":"READY","tool_call_id":"#);
+            match &answer.tool_call_id {
+                Some(id) => crate::log::push_json_string(&mut out, id.as_str()),
+                None => out.push_str("null"),
+            }
+            out.push_str(r#","evidence_status":""#);
+            out.push_str(shown.evidence.as_str());
+            out.push_str(r#"","result":"#);
+            let mut out = out.into_bytes();
             out.extend_from_slice(&shown.result_json);
             out.push(b'}');
             http::bytes(StatusCode::OK, out)
