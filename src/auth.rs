@@ -109,7 +109,11 @@ impl Tokens {
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    // Read as UTF-8 rather than through `to_str`, which tests every byte for visible ASCII:
+    // the value is already free of control characters (hyper's parser refuses them), and a
+    // token with any other non-ASCII byte is refused further on all the same (neither a run id
+    // nor base64 can hold one).
+    let value = std::str::from_utf8(headers.get(AUTHORIZATION)?.as_bytes()).ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")
@@ -181,6 +185,33 @@ mod tests {
         assert!(tokens.run_of(&with_bearer(&forged)).is_none());
         assert!(tokens.run_of(&with_bearer("run-42.AAAA")).is_none());
         assert!(tokens.run_of(&HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn a_token_with_bytes_outside_ascii_is_refused() {
+        let tokens = Tokens::new("admin", None).unwrap();
+        let t = tokens.issue(&RunId::parse("run-9").unwrap());
+        // Kept first, so the later checks meet a kept MAC as well as a computed one.
+        assert!(tokens.run_of(&with_bearer(&t)).is_some());
+        let (run, mac) = t.rsplit_once('.').unwrap();
+        for bad in [
+            format!("{run}\u{e9}.{mac}"),
+            format!("{run}.{mac}\u{e9}"),
+            format!("r\u{fc}n-9.{mac}"),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                AUTHORIZATION,
+                HeaderValue::from_bytes(format!("Bearer {bad}").as_bytes()).unwrap(),
+            );
+            assert!(tokens.run_of(&h).is_none(), "{bad}");
+        }
+        // Bytes that are not UTF-8 at all.
+        let mut raw = format!("Bearer {t}").into_bytes();
+        raw.push(0xff);
+        let mut h = HeaderMap::new();
+        h.insert(AUTHORIZATION, HeaderValue::from_bytes(&raw).unwrap());
+        assert!(tokens.run_of(&h).is_none());
     }
 
     #[test]
