@@ -161,6 +161,10 @@ impl Search<'_> {
         if depth == n + 1 && self.array && self.start.is_some() && self.on_path == n + 1 {
             self.total += 1;
             if self.items.len() < self.select.keep {
+                if self.items.capacity() == 0 {
+                    // Room for a page of results at once, rather than growing by doubling.
+                    self.items.reserve_exact(self.select.keep.min(16));
+                }
                 self.items.push(self.item..at);
             }
         } else if depth == n

@@ -126,7 +126,7 @@ impl Record {
     /// for [`Record::request_text`]. Called once they are final: neither may change after.
     pub fn keep_request_json(&mut self) -> Result<()> {
         let mut out = String::with_capacity(64);
-        let mut scratch = Vec::new();
+        let mut scratch = Vec::with_capacity(64);
         let w = &mut Fields {
             out: &mut out,
             scratch: &mut scratch,
