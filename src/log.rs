@@ -6,8 +6,16 @@
 //!
 //! An event inside a span, or one forwarded from the `log` crate, is left to that stock
 //! format, which knows how to print spans and normalized `log` metadata.
+//!
+//! The two per-call lines (`call finished`, `call rejected`) skip the event machinery when the
+//! process's own subscriber is installed ([`init`]): their fields are known, so the line is
+//! put together from them directly and written to stderr in one write, the text the event
+//! would have made (a test holds the two equal). Filtering still applies: the line is written
+//! only when an INFO event of target `toolgate::call` is enabled. Under any other subscriber
+//! the lines are ordinary events.
 
 use std::fmt::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -15,6 +23,20 @@ use tracing_subscriber::fmt::format::{Format, Json, JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+/// Installs toolgate's log subscriber: [`JsonLines`] on stderr, filtered by `filter`.
+pub fn init(filter: tracing_subscriber::EnvFilter) {
+    tracing_subscriber::fmt()
+        .fmt_fields(fields())
+        .event_format(JsonLines::default())
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    DIRECT.store(true, Ordering::Release);
+}
+
+/// Set by [`init`]: the per-call lines may be written to stderr directly.
+static DIRECT: AtomicBool = AtomicBool::new(false);
 
 /// The event format of toolgate's logs (see the module's comment).
 pub struct JsonLines<T = SystemTime> {
@@ -67,16 +89,7 @@ where
         if in_span || meta.target() == "log" {
             return self.stock.format_event(ctx, writer, event);
         }
-        let mut line = String::with_capacity(LINE_CAPACITY);
-        line.push_str("{\"timestamp\":\"");
-        if !self.timer.push_now(&mut line) {
-            let mut timestamp = String::new();
-            self.timer.format_time(&mut Writer::new(&mut timestamp))?;
-            escaped_body(&mut line, &timestamp)?;
-        }
-        line.push_str("\",\"level\":\"");
-        line.push_str(meta.level().as_str());
-        line.push('"');
+        let mut line = line_start(&self.timer, meta.level())?;
         let mut fields = Fields {
             out: &mut line,
             result: Ok(()),
@@ -92,6 +105,167 @@ where
 
 /// Room for a typical line, so the buffer is allocated once.
 const LINE_CAPACITY: usize = 384;
+
+/// A line's `{"timestamp":…,"level":…` (what comes first in every line).
+fn line_start(timer: &impl LineTime, level: &tracing::Level) -> Result<String, fmt::Error> {
+    let mut line = String::with_capacity(LINE_CAPACITY);
+    line.push_str("{\"timestamp\":\"");
+    if !timer.push_now(&mut line) {
+        let mut timestamp = String::new();
+        timer.format_time(&mut Writer::new(&mut timestamp))?;
+        escaped_body(&mut line, &timestamp)?;
+    }
+    line.push_str("\",\"level\":\"");
+    line.push_str(level.as_str());
+    line.push('"');
+    Ok(line)
+}
+
+/// The `call finished` line, of a call that was reserved.
+pub struct Finished<'a> {
+    pub run_id: &'a str,
+    pub tool_call_id: &'a str,
+    pub tool: &'a str,
+    pub status: &'a str,
+    pub evidence_status: &'a str,
+    pub code: &'a str,
+    pub layer: &'a str,
+    pub duration_ms: u64,
+    pub cause: &'a str,
+}
+
+/// The `call rejected` line, of a call refused before it was reserved.
+pub struct Rejected<'a> {
+    pub code: &'a str,
+    pub layer: &'a str,
+    pub tool: &'a str,
+    pub tool_call_id: &'a str,
+    pub cause: &'a str,
+}
+
+impl Finished<'_> {
+    /// Logs the line (see the module's comment).
+    pub fn log(&self) {
+        if !tracing::enabled!(target: "toolgate::call", tracing::Level::INFO) {
+            return;
+        }
+        if direct() {
+            write_direct(self.line(&SystemTime));
+            return;
+        }
+        tracing::info!(
+            target: "toolgate::call",
+            run_id = self.run_id,
+            "gen_ai.tool.call.id" = self.tool_call_id,
+            "gen_ai.tool.name" = self.tool,
+            status = self.status,
+            evidence_status = self.evidence_status,
+            code = self.code,
+            layer = self.layer,
+            duration_ms = self.duration_ms,
+            cause = self.cause,
+            "call finished"
+        );
+    }
+
+    /// The text of the line, with the time from `timer`.
+    fn line(&self, timer: &impl LineTime) -> Option<String> {
+        let mut line = Line::start(timer, "call finished")?;
+        line.str("run_id", self.run_id);
+        line.str("gen_ai.tool.call.id", self.tool_call_id);
+        line.str("gen_ai.tool.name", self.tool);
+        line.str("status", self.status);
+        line.str("evidence_status", self.evidence_status);
+        line.str("code", self.code);
+        line.str("layer", self.layer);
+        line.u64("duration_ms", self.duration_ms);
+        line.str("cause", self.cause);
+        Some(line.finish())
+    }
+}
+
+impl Rejected<'_> {
+    /// Logs the line (see the module's comment).
+    pub fn log(&self) {
+        if !tracing::enabled!(target: "toolgate::call", tracing::Level::INFO) {
+            return;
+        }
+        if direct() {
+            write_direct(self.line(&SystemTime));
+            return;
+        }
+        tracing::info!(
+            target: "toolgate::call",
+            code = self.code,
+            layer = self.layer,
+            "gen_ai.tool.name" = self.tool,
+            "gen_ai.tool.call.id" = self.tool_call_id,
+            cause = self.cause,
+            "call rejected"
+        );
+    }
+
+    /// The text of the line, with the time from `timer`.
+    fn line(&self, timer: &impl LineTime) -> Option<String> {
+        let mut line = Line::start(timer, "call rejected")?;
+        line.str("code", self.code);
+        line.str("layer", self.layer);
+        line.str("gen_ai.tool.name", self.tool);
+        line.str("gen_ai.tool.call.id", self.tool_call_id);
+        line.str("cause", self.cause);
+        Some(line.finish())
+    }
+}
+
+/// Whether a per-call line may skip the event: [`init`] ran, and no span is current (an event
+/// in a span is written by the stock format, with the span).
+fn direct() -> bool {
+    DIRECT.load(Ordering::Acquire) && tracing::Span::current().is_none()
+}
+
+/// Hands a line to stderr in one write, as the subscriber's writer does (and, like it, drops
+/// a failed write: a log line never fails a call).
+fn write_direct(line: Option<String>) {
+    use std::io::Write as _;
+    if let Some(line) = line {
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+}
+
+/// An INFO line of target `toolgate::call`, field by field: what [`JsonLines`] writes for
+/// such an event. Field names are plain (no escape), values are escaped.
+struct Line(String);
+
+impl Line {
+    /// The line's start and its `message`, the first field of an event.
+    fn start(timer: &impl LineTime, message: &str) -> Option<Line> {
+        let mut line = Line(line_start(timer, &tracing::Level::INFO).ok()?);
+        line.str("message", message);
+        Some(line)
+    }
+
+    fn name(&mut self, name: &'static str) {
+        debug_assert!(crate::compact::plain_run(name.as_bytes()).is_none());
+        self.0.push_str(",\"");
+        self.0.push_str(name);
+        self.0.push_str("\":");
+    }
+
+    fn str(&mut self, name: &'static str, value: &str) {
+        self.name(name);
+        push_json_string(&mut self.0, value);
+    }
+
+    fn u64(&mut self, name: &'static str, value: u64) {
+        self.name(name);
+        self.0.push_str(itoa::Buffer::new().format(value));
+    }
+
+    fn finish(mut self) -> String {
+        self.0.push_str(",\"target\":\"toolgate::call\"}\n");
+        self.0
+    }
+}
 
 /// A log timer that can write the time now straight into a line.
 pub trait LineTime: FormatTime {
@@ -307,6 +481,93 @@ mod tests {
             push_json_string(&mut ours, &s);
             proptest::prop_assert_eq!(ours, serde_json::to_string(&s).unwrap());
         }
+    }
+
+    /// What the stock flattened JSON format writes for what `emit` logs, at most `level`.
+    fn stock_text(level: tracing::Level, emit: impl FnOnce()) -> String {
+        let sink = Sink::default();
+        let sub = tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_timer(Fixed)
+            .with_max_level(level)
+            .with_writer({
+                let s = sink.clone();
+                move || s.clone()
+            })
+            .finish();
+        tracing::subscriber::with_default(sub, emit);
+        String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn per_call_lines_are_the_lines_of_their_events(
+            id in "(\\PC|[\"\\\\\u{0}-\u{1f}])*",
+            cause in "(\\PC|[\"\\\\\u{0}-\u{1f}\u{7f}])*",
+            ms in proptest::prelude::any::<u64>(),
+        ) {
+            let finished = Finished {
+                run_id: &id,
+                tool_call_id: &cause,
+                tool: "search",
+                status: "ERROR",
+                evidence_status: "ERROR",
+                code: "TOOL_ERROR",
+                layer: "TOOL",
+                duration_ms: ms,
+                cause: &cause,
+            };
+            let rejected = Rejected {
+                code: "INVALID_INPUT",
+                layer: "AGENT",
+                tool: &id,
+                tool_call_id: "",
+                cause: &cause,
+            };
+            let want = stock_text(tracing::Level::INFO, || {
+                finished.log();
+                rejected.log();
+            });
+            let ours = [finished.line(&Fixed), rejected.line(&Fixed)].map(Option::unwrap).concat();
+            proptest::prop_assert_eq!(ours, want);
+        }
+    }
+
+    #[test]
+    fn per_call_lines_follow_the_filter() {
+        let finished = Finished {
+            run_id: "run-1",
+            tool_call_id: "call-1",
+            tool: "search",
+            status: "READY",
+            evidence_status: "EVIDENCE_FOUND",
+            code: "",
+            layer: "",
+            duration_ms: 3,
+            cause: "",
+        };
+        let rejected = Rejected {
+            code: "UNKNOWN_TOOL",
+            layer: "AGENT",
+            tool: "_unknown",
+            tool_call_id: "call-2",
+            cause: "no such tool",
+        };
+        let quiet = stock_text(tracing::Level::WARN, || {
+            finished.log();
+            rejected.log();
+        });
+        assert_eq!(quiet, "");
+        let lines = stock_text(tracing::Level::INFO, || {
+            finished.log();
+            rejected.log();
+        });
+        assert_eq!(lines.lines().count(), 2, "{lines}");
+        assert!(
+            lines.contains(r#""message":"call finished","run_id":"run-1""#),
+            "{lines}"
+        );
     }
 
     #[test]

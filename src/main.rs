@@ -215,12 +215,7 @@ fn serve(path: PathBuf) -> ExitCode {
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .fmt_fields(toolgate::log::fields())
-        .event_format(toolgate::log::JsonLines::default())
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    toolgate::log::init(filter);
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -130,15 +130,14 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     let admitted = match admit(state, &mut incoming, &mut span).await {
         Ok(a) => a,
         Err(r) => {
-            tracing::info!(
-                target: "toolgate::call",
-                code = r.error.code.as_str(),
-                layer = r.error.layer().as_str(),
-                "gen_ai.tool.name" = r.tool.as_deref().unwrap_or(crate::metrics::UNKNOWN_TOOL),
-                "gen_ai.tool.call.id" = r.tool_call_id.as_deref().unwrap_or(""),
-                cause = %r.error.cause,
-                "call rejected"
-            );
+            crate::log::Rejected {
+                code: r.error.code.as_str(),
+                layer: r.error.layer().as_str(),
+                tool: r.tool.as_deref().unwrap_or(crate::metrics::UNKNOWN_TOOL),
+                tool_call_id: r.tool_call_id.as_deref().unwrap_or(""),
+                cause: &r.error.cause,
+            }
+            .log();
             state.metrics.rejected(r.tool.as_ref(), &r.error);
             span.rejected(&r);
             return Answer {
@@ -173,19 +172,18 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
     );
     span.finish(result.as_ref().map(|s| s.evidence));
     let err = result.as_ref().err();
-    tracing::info!(
-        target: "toolgate::call",
-        run_id = run_id.as_str(),
-        "gen_ai.tool.call.id" = tool_call_id.as_str(),
-        "gen_ai.tool.name" = tool.name.as_str(),
-        status = if err.is_some() { "ERROR" } else { "READY" },
-        evidence_status = evidence.as_str(),
-        code = err.map_or("", |e| e.code.as_str()),
-        layer = err.map_or("", |e| e.layer().as_str()),
-        duration_ms = elapsed.as_millis() as u64,
-        cause = err.map_or("", |e| e.cause.as_str()),
-        "call finished"
-    );
+    crate::log::Finished {
+        run_id: run_id.as_str(),
+        tool_call_id: tool_call_id.as_str(),
+        tool: tool.name.as_str(),
+        status: if err.is_some() { "ERROR" } else { "READY" },
+        evidence_status: evidence.as_str(),
+        code: err.map_or("", |e| e.code.as_str()),
+        layer: err.map_or("", |e| e.layer().as_str()),
+        duration_ms: elapsed.as_millis() as u64,
+        cause: err.map_or("", |e| e.cause.as_str()),
+    }
+    .log();
     Answer {
         tool_call_id: Some(tool_call_id),
         result,

@@ -111,13 +111,18 @@ fn free_port() -> u16 {
 
 impl Toolgate {
     fn spawn() -> Toolgate {
+        Toolgate::spawn_with("", "error", Stdio::null())
+    }
+
+    /// With `more` appended to the config, logging at `log` (`TOOLGATE_LOG`) to `stderr`.
+    fn spawn_with(more: &str, log: &str, stderr: Stdio) -> Toolgate {
         let (agent, admin, telemetry) = (free_port(), free_port(), free_port());
         let dir = crate::support::temp_dir("hardening");
         let config = dir.join("toolgate.yaml");
         std::fs::write(
             &config,
             format!(
-                "listen: {{agent: '127.0.0.1:{agent}', admin: '127.0.0.1:{admin}', telemetry: '127.0.0.1:{telemetry}'}}\n"
+                "listen: {{agent: '127.0.0.1:{agent}', admin: '127.0.0.1:{admin}', telemetry: '127.0.0.1:{telemetry}'}}\n{more}"
             ),
         )
         .expect("config");
@@ -125,9 +130,9 @@ impl Toolgate {
             .args(["serve", "--config"])
             .arg(&config)
             .env("TOOLGATE_ADMIN_TOKEN", ADMIN)
-            .env("TOOLGATE_LOG", "error")
+            .env("TOOLGATE_LOG", log)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn toolgate");
         let tg = Toolgate {
@@ -195,6 +200,106 @@ fn get(port: u16, path: &str) -> Option<String> {
         &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     )
     .filter(|a| a.starts_with("HTTP/1.1 200"))
+}
+
+/// A POST with a JSON body on a fresh connection.
+fn post(port: u16, path: &str, token: &str, body: &str) -> Option<String> {
+    exchange(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// The lines of `text` that are JSON objects with this `message`.
+fn lines_of(text: &str, message: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["message"] == message)
+        .collect()
+}
+
+/// The binary writes one JSON line per call, `call rejected` or `call finished`, with the
+/// fields the docs list; a filter that leaves INFO out leaves them out.
+#[test]
+fn the_binary_logs_a_json_line_per_call_as_filtered() {
+    let tools =
+        "tools:\n  - name: search\n    upstream: http://127.0.0.1:9/\n    read_only: true\n";
+    for (filter, logged) in [("info", true), ("warn", false)] {
+        let mut tg = Toolgate::spawn_with(tools, filter, Stdio::piped());
+        let envelope = r#"{"run_id":"run-log","tool_call_id":"call-1","tool":"search","input":{}}"#;
+        let refused = post(tg.agent, "/v1/invoke", "not-a-token", envelope).expect("invoke");
+        assert!(refused.starts_with("HTTP/1.1 401"), "{refused}");
+        let created = post(tg.admin, "/v1/runs", ADMIN, r#"{"run_id":"run-log"}"#).expect("run");
+        assert!(created.starts_with("HTTP/1.1 201"), "{created}");
+        let body: Value =
+            serde_json::from_str(created.split("\r\n\r\n").nth(1).expect("body")).expect("json");
+        let token = body["run_token"].as_str().expect("run_token");
+        let failed = post(tg.agent, "/v1/invoke", token, envelope).expect("invoke");
+        assert!(failed.starts_with("HTTP/1.1 5"), "{failed}");
+        let _ = tg.child.kill();
+        let _ = tg.child.wait();
+        let mut text = String::new();
+        tg.child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut text)
+            .expect("read the log");
+        let rejected = lines_of(&text, "call rejected");
+        let finished = lines_of(&text, "call finished");
+        if !logged {
+            assert!(rejected.is_empty() && finished.is_empty(), "{text}");
+            continue;
+        }
+        assert_eq!((rejected.len(), finished.len()), (1, 1), "{text}");
+        let r = &rejected[0];
+        assert_eq!(r["level"], "INFO");
+        assert_eq!(r["target"], "toolgate::call");
+        assert_eq!(r["code"], "UNAUTHENTICATED", "{r}");
+        assert_eq!(r["gen_ai.tool.call.id"], "call-1", "{r}");
+        let f = &finished[0];
+        assert_eq!(f["run_id"], "run-log", "{f}");
+        assert_eq!(f["gen_ai.tool.call.id"], "call-1", "{f}");
+        assert_eq!(f["gen_ai.tool.name"], "search", "{f}");
+        assert_eq!(f["status"], "ERROR", "{f}");
+        assert_eq!(f["evidence_status"], "ERROR", "{f}");
+        assert_eq!(f["code"], "TOOL_EXECUTION_FAILED", "{f}");
+        assert_eq!(f["layer"], "PROVIDER", "{f}");
+        assert!(f["duration_ms"].is_u64(), "{f}");
+        assert!(
+            f["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{f}"
+        );
+        let keys: Vec<&str> = f
+            .as_object()
+            .expect("object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "timestamp",
+                "level",
+                "message",
+                "run_id",
+                "gen_ai.tool.call.id",
+                "gen_ai.tool.name",
+                "status",
+                "evidence_status",
+                "code",
+                "layer",
+                "duration_ms",
+                "cause",
+                "target"
+            ],
+            "{f}"
+        );
+    }
 }
 
 #[test]
