@@ -171,15 +171,15 @@ impl Finished<'_> {
     /// The text of the line, with the time from `timer`.
     fn line(&self, timer: &impl LineTime) -> Option<String> {
         let mut line = Line::start(timer, "call finished")?;
-        line.str("run_id", self.run_id);
-        line.str("gen_ai.tool.call.id", self.tool_call_id);
-        line.str("gen_ai.tool.name", self.tool);
-        line.str("status", self.status);
-        line.str("evidence_status", self.evidence_status);
-        line.str("code", self.code);
-        line.str("layer", self.layer);
-        line.u64("duration_ms", self.duration_ms);
-        line.str("cause", self.cause);
+        line.str(",\"run_id\":", self.run_id);
+        line.str(",\"gen_ai.tool.call.id\":", self.tool_call_id);
+        line.str(",\"gen_ai.tool.name\":", self.tool);
+        line.str(",\"status\":", self.status);
+        line.str(",\"evidence_status\":", self.evidence_status);
+        line.str(",\"code\":", self.code);
+        line.str(",\"layer\":", self.layer);
+        line.u64(",\"duration_ms\":", self.duration_ms);
+        line.str(",\"cause\":", self.cause);
         Some(line.finish())
     }
 }
@@ -208,11 +208,11 @@ impl Rejected<'_> {
     /// The text of the line, with the time from `timer`.
     fn line(&self, timer: &impl LineTime) -> Option<String> {
         let mut line = Line::start(timer, "call rejected")?;
-        line.str("code", self.code);
-        line.str("layer", self.layer);
-        line.str("gen_ai.tool.name", self.tool);
-        line.str("gen_ai.tool.call.id", self.tool_call_id);
-        line.str("cause", self.cause);
+        line.str(",\"code\":", self.code);
+        line.str(",\"layer\":", self.layer);
+        line.str(",\"gen_ai.tool.name\":", self.tool);
+        line.str(",\"gen_ai.tool.call.id\":", self.tool_call_id);
+        line.str(",\"cause\":", self.cause);
         Some(line.finish())
     }
 }
@@ -233,31 +233,26 @@ fn write_direct(line: Option<String>) {
 }
 
 /// An INFO line of target `toolgate::call`, field by field: what [`JsonLines`] writes for
-/// such an event. Field names are plain (no escape), values are escaped.
+/// such an event. Field names are written as given, values are escaped.
 struct Line(String);
 
 impl Line {
     /// The line's start and its `message`, the first field of an event.
     fn start(timer: &impl LineTime, message: &str) -> Option<Line> {
         let mut line = Line(line_start(timer, &tracing::Level::INFO).ok()?);
-        line.str("message", message);
+        line.str(",\"message\":", message);
         Some(line)
     }
 
-    fn name(&mut self, name: &'static str) {
-        debug_assert!(crate::compact::plain_run(name.as_bytes()).is_none());
-        self.0.push_str(",\"");
-        self.0.push_str(name);
-        self.0.push_str("\":");
-    }
-
+    /// A string field; `name` is its punctuation and quoted name, `,"name":`.
     fn str(&mut self, name: &'static str, value: &str) {
-        self.name(name);
+        self.0.push_str(name);
         push_json_string(&mut self.0, value);
     }
 
+    /// A number field, `name` as for [`Line::str`].
     fn u64(&mut self, name: &'static str, value: u64) {
-        self.name(name);
+        self.0.push_str(name);
         self.0.push_str(itoa::Buffer::new().format(value));
     }
 
@@ -351,9 +346,18 @@ impl<W: Write> Write for Escaping<'_, W> {
 }
 
 /// Appends `s` as a JSON string, escaped as serde_json escapes it.
+#[inline]
 pub fn push_json_string(out: &mut String, s: &str) {
-    // Writing to a String cannot fail.
-    let _ = escaped(out, s);
+    // Most strings (ids, names, codes, times) need no escape: three pushes, sized once.
+    if crate::compact::plain_run(s.as_bytes()).is_none() {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        // Writing to a String cannot fail.
+        let _ = escaped(out, s);
+    }
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes it.
