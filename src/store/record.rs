@@ -160,9 +160,11 @@ impl Record {
         let raw_len = self.raw_json.as_ref().map_or(0, String::len)
             + self.agent_json.as_ref().map_or(0, String::len);
         let mut out = String::with_capacity(512 + raw_len);
-        // Each small field is serialized here and checked as UTF-8 on its own; the large
-        // texts kept as strings are appended as they are.
-        let mut scratch = Vec::with_capacity(128);
+        // A tree not kept as text (the input of a record made without `keep_request_json`, a
+        // raw response or result of a record read back) is serialized here and checked as
+        // UTF-8 on its own; the texts kept are appended as they are. A call's records keep
+        // theirs, so this is allocated only when used.
+        let mut scratch = Vec::new();
         let w = &mut Fields {
             out: &mut out,
             scratch: &mut scratch,
