@@ -592,9 +592,7 @@ struct Eval<'a> {
 }
 
 impl Eval<'_> {
-    /// Appends the command in RESP (an array of bulk strings) to `out`, sized once. The
-    /// framing between two parts (the line end of one, the `$<len>` line of the next) is put
-    /// together on the stack and copied as one, so a part costs two copies: that and itself.
+    /// Appends the command in RESP (an array of bulk strings) to `out`, sized once.
     fn pack(&self, out: &mut Vec<u8>) {
         let hash = self.script.get_hash().as_bytes();
         let mut count = itoa::Buffer::new();
@@ -603,18 +601,17 @@ impl Eval<'_> {
         // Each part: `$`, at most 20 digits and two line ends around it.
         let bytes: usize = parts.clone().map(|p| p.len() + 25).sum();
         out.reserve(bytes + 96);
-        let mut frame = Frame::new();
-        frame.push(b'*');
-        frame.number(3 + self.keys.len() + self.args.len());
+        let mut len = itoa::Buffer::new();
+        out.push(b'*');
+        out.extend_from_slice(len.format(3 + self.keys.len() + self.args.len()).as_bytes());
+        out.extend_from_slice(b"\r\n");
         for part in [&b"EVALSHA"[..], hash, count].iter().chain(parts) {
-            frame.push_slice(b"\r\n$");
-            frame.number(part.len());
-            frame.push_slice(b"\r\n");
-            out.extend_from_slice(frame.take());
+            out.push(b'$');
+            out.extend_from_slice(len.format(part.len()).as_bytes());
+            out.extend_from_slice(b"\r\n");
             out.extend_from_slice(part);
+            out.extend_from_slice(b"\r\n");
         }
-        frame.push_slice(b"\r\n");
-        out.extend_from_slice(frame.take());
     }
 
     /// The same command for the cluster client, which routes it by its first key.
@@ -625,52 +622,6 @@ impl Eval<'_> {
             cmd.arg(*part);
         }
         cmd
-    }
-}
-
-/// A few bytes of RESP framing, gathered to be copied as one: at most the array's `*<count>`
-/// and a part's `\r\n$<len>\r\n`, 46 bytes with two 20-digit numbers.
-struct Frame {
-    buf: [u8; 64],
-    len: usize,
-}
-
-impl Frame {
-    fn new() -> Frame {
-        Frame {
-            buf: [0; 64],
-            len: 0,
-        }
-    }
-
-    fn push(&mut self, b: u8) {
-        self.buf[self.len] = b;
-        self.len += 1;
-    }
-
-    fn push_slice(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.push(b);
-        }
-    }
-
-    /// `n` in decimal, written digit by digit (lowest first, then turned around).
-    fn number(&mut self, mut n: usize) {
-        let start = self.len;
-        loop {
-            self.push(b'0' + (n % 10) as u8);
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.buf[start..self.len].reverse();
-    }
-
-    /// The bytes gathered, and an empty frame for the next ones.
-    fn take(&mut self) -> &[u8] {
-        let len = std::mem::take(&mut self.len);
-        &self.buf[..len]
     }
 }
 
@@ -839,20 +790,6 @@ mod tests {
                 lua.contains(&format!("'{text}'")),
                 "finalize.lua lacks {text}"
             );
-        }
-    }
-
-    #[test]
-    fn frames_write_lengths_in_decimal() {
-        for n in [0, 7, 9, 10, 99, 100, 1500, 65_536, usize::MAX] {
-            let mut frame = Frame::new();
-            frame.push(b'*');
-            frame.number(n);
-            frame.push_slice(b"\r\n$");
-            frame.number(n);
-            frame.push_slice(b"\r\n");
-            assert_eq!(frame.take(), format!("*{n}\r\n${n}\r\n").as_bytes());
-            assert_eq!(frame.take(), b"");
         }
     }
 
