@@ -9,6 +9,7 @@
 //! Front ends (`listen::agent` today) only turn their wire format into an [`Incoming`] and an
 //! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
+pub mod h1;
 pub mod mcp;
 pub mod pool;
 pub mod preflight;

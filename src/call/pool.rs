@@ -1,8 +1,8 @@
 //! The connections to one plain-HTTP tool, kept between its calls.
 //!
-//! A connection is driven by the call that uses it, in the call's own task: the request is
-//! written and the answer read without handing each step to a connection task and back. Between
-//! calls it waits here, unpolled. So before it is used again it is polled once, which is when a
+//! A connection is used by the call that holds it, in the call's own task: the request is
+//! written and the answer read on it directly (`call::h1`). Between calls it waits here,
+//! unpolled. So before it is used again it is polled once, which is when a
 //! close by the tool service is seen, and a closed one is dropped then.
 //!
 //! - Newest first: the connection used last is used next.
@@ -15,17 +15,11 @@
 //!   it: an HTTP/1 connection with an unfinished exchange cannot be used again.
 
 use std::collections::VecDeque;
-use std::future::{Future, poll_fn};
-use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::client::conn::http1;
+use hyper::Uri;
 use hyper::http::uri::PathAndQuery;
-use hyper::{Request, Response, Uri};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
@@ -33,20 +27,21 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::h1;
+pub use super::h1::Answer;
+
 /// How long a connection may wait unused before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The most connections that wait unused for one tool.
 pub const MAX_IDLE: usize = 256;
 
-type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
+/// A connection's stream: TCP, or TLS over it, seen through tokio's IO traits.
+type Stream = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
 
-/// One open HTTP/1 connection: the request side and the connection it drives.
+/// One open HTTP/1 connection.
 struct Conn {
-    sender: http1::SendRequest<Full<Bytes>>,
-    driver: http1::Connection<Stream, Full<Bytes>>,
-    /// Whether `driver` has finished (the connection closed); it is not polled after.
-    closed: bool,
+    h1: h1::Conn<Stream>,
     /// When it was last checked in.
     since: Instant,
 }
@@ -86,63 +81,52 @@ impl Connections {
         &self.target
     }
 
-    /// Sends `request` on a kept connection, or on a new one to `uri`, and runs `read` on the
-    /// response while the connection is driven. `read` says whether it read the body to its
-    /// end: only then is the connection kept again (one left in the middle of a body, say one
-    /// cut off at a size limit, is closed).
-    ///
-    /// `request` must carry the origin-form target and its `Host` header.
-    pub async fn send<T, R, F>(
+    /// Writes `request` (a whole HTTP/1.1 request, for the origin-form target and with its
+    /// `Host`) on a kept connection, or on a new one to `uri`, and reads the answer, its body
+    /// up to `limit` bytes. Only a connection whose answer was read to its end, and that may
+    /// carry another exchange, is kept again.
+    pub async fn send(
         &self,
         connector: &HttpsConnector<HttpConnector>,
         uri: &Uri,
-        request: Request<Full<Bytes>>,
-        read: R,
-    ) -> Result<T, String>
-    where
-        R: FnOnce(Response<hyper::body::Incoming>) -> F,
-        F: Future<Output = (T, bool)>,
-    {
+        request: &[u8],
+        limit: u64,
+    ) -> Result<Answer, String> {
         let (conn, pooled) = match self.checkout() {
             Some(conn) => (conn, true),
             None => (Box::pin(connect(connector, uri)).await?, false),
         };
-        self.exchange(conn, pooled, connector, uri, request, read)
+        self.exchange(conn, pooled, connector, uri, request, limit)
             .await
     }
 
     /// [`Connections::send`] on `conn`, which was kept (`pooled`) or has just been opened.
-    async fn exchange<T, R, F>(
+    async fn exchange(
         &self,
         mut conn: Box<Conn>,
         pooled: bool,
         connector: &HttpsConnector<HttpConnector>,
         uri: &Uri,
-        request: Request<Full<Bytes>>,
-        read: R,
-    ) -> Result<T, String>
-    where
-        R: FnOnce(Response<hyper::body::Incoming>) -> F,
-        F: Future<Output = (T, bool)>,
-    {
-        let sent = conn.sender.try_send_request(request);
-        let response = match drive(&mut conn, sent).await {
-            Ok(response) => response,
-            Err(mut e) => match e.take_message() {
-                // Not written: the kept connection had closed. Once more, on a new one.
-                Some(request) if pooled => {
-                    conn = Box::pin(connect(connector, uri)).await?;
-                    let sent = conn.sender.send_request(request);
-                    drive(&mut conn, sent).await.map_err(|e| e.to_string())?
-                }
-                _ => return Err(e.into_error().to_string()),
-            },
+        request: &[u8],
+        limit: u64,
+    ) -> Result<Answer, String> {
+        // A kept connection that closed since it was looked at, or that a write finds closed:
+        // the request did not reach the tool. Once more, on a new one.
+        let mut written = if pooled && !conn.h1.probe() {
+            Err(std::io::ErrorKind::ConnectionReset.into())
+        } else {
+            conn.h1.write(request).await
         };
-        let (out, read_to_end) = drive(&mut conn, read(response)).await;
-        if read_to_end {
+        if written.is_err() && pooled {
+            conn = Box::pin(connect(connector, uri)).await?;
+            written = conn.h1.write(request).await;
+        }
+        written.map_err(|e| format!("writing the request: {e}"))?;
+        let (answer, keep) = conn.h1.read_answer(limit).await?;
+        if keep {
             self.checkin(conn);
         }
-        Ok(out)
+        Ok(answer)
     }
 
     /// The newest kept connection that is still open.
@@ -155,18 +139,15 @@ impl Connections {
                 idle.conns.clear();
                 return None;
             }
-            if conn.probe() {
+            if conn.h1.probe() {
                 return Some(conn);
             }
         }
         None
     }
 
-    /// Keeps a connection whose exchange is over, if it can take another request.
+    /// Keeps a connection whose exchange is over.
     fn checkin(&self, mut conn: Box<Conn>) {
-        if conn.closed || conn.sender.is_closed() {
-            return;
-        }
         let now = Instant::now();
         conn.since = now;
         let mut idle = self.lock();
@@ -192,38 +173,6 @@ impl Connections {
     }
 }
 
-impl Conn {
-    /// Polls the connection once, outside any call: whether it is still open and ready for a
-    /// request. A close or stray bytes from the tool service end it here.
-    fn probe(&mut self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        if Pin::new(&mut self.driver).poll(&mut cx).is_ready() {
-            self.closed = true;
-            return false;
-        }
-        self.sender.is_ready()
-    }
-}
-
-/// Runs `work` while driving `conn`'s connection, until `work` is done.
-///
-/// When the connection finishes first (closed, or failed), hyper ends every exchange on it with
-/// an error, so `work` still finishes.
-async fn drive<F: Future>(conn: &mut Conn, work: F) -> F::Output {
-    let mut work = pin!(work);
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = work.as_mut().poll(cx) {
-            return Poll::Ready(out);
-        }
-        if !conn.closed && Pin::new(&mut conn.driver).poll(cx).is_ready() {
-            conn.closed = true;
-        }
-        // What the connection just read or wrote may have finished `work`.
-        work.as_mut().poll(cx)
-    })
-    .await
-}
-
 /// A new connection to `uri` (TCP, and TLS for https). Its future is large and opening one
 /// the rare case, so callers box it: the future of every call that reuses a connection stays
 /// small, and cheap to move.
@@ -232,18 +181,15 @@ async fn connect(
     uri: &Uri,
 ) -> Result<Box<Conn>, String> {
     let mut connector = connector.clone();
-    poll_fn(|cx| connector.poll_ready(cx))
+    std::future::poll_fn(|cx| connector.poll_ready(cx))
         .await
         .map_err(|e| e.to_string())?;
     let stream = connector
         .call(uri.clone())
         .await
         .map_err(|e| e.to_string())?;
-    let (sender, driver) = http1::handshake(stream).await.map_err(|e| e.to_string())?;
     Ok(Box::new(Conn {
-        sender,
-        driver,
-        closed: false,
+        h1: h1::Conn::new(TokioIo::new(stream)),
         since: Instant::now(),
     }))
 }
@@ -276,7 +222,6 @@ async fn sweep(idle: Weak<Mutex<Idle>>) {
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use hyper::header::HOST;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -351,11 +296,13 @@ mod tests {
         crate::call::upstream::Upstream::new().unwrap().connector
     }
 
-    fn request(conns: &Connections, uri: &Uri) -> Request<Full<Bytes>> {
-        Request::post(conns.target().clone())
-            .header(HOST, uri.authority().unwrap().as_str())
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap()
+    fn request(conns: &Connections, uri: &Uri) -> Vec<u8> {
+        format!(
+            "POST {} HTTP/1.1\r\nhost: {}\r\ncontent-length: 2\r\n\r\n{{}}",
+            conns.target(),
+            uri.authority().unwrap()
+        )
+        .into_bytes()
     }
 
     async fn call(
@@ -363,17 +310,12 @@ mod tests {
         connector: &HttpsConnector<HttpConnector>,
         uri: &Uri,
     ) -> Vec<u8> {
-        conns
-            .send(connector, uri, request(conns, uri), |response| async move {
-                assert_eq!(response.status(), 200);
-                let body = crate::body::read_capped(response.into_body(), 1024)
-                    .await
-                    .map_err(|_| "read")
-                    .unwrap();
-                (body.to_vec(), true)
-            })
+        let answer = conns
+            .send(connector, uri, &request(conns, uri), 1024)
             .await
-            .unwrap()
+            .unwrap();
+        assert_eq!(answer.status, 200);
+        answer.body.map_err(|_| "read").unwrap().to_vec()
     }
 
     #[tokio::test]
@@ -411,21 +353,15 @@ mod tests {
         // A kept connection that the tool closed after the probe passed: the request is not
         // written on it, and goes on a new connection.
         let mut conn = connect(&connector, &uri).await.unwrap();
-        let sent = conn.sender.send_request(request(&conns, &uri));
-        let first = drive(&mut conn, sent).await;
+        conn.h1.write(&request(&conns, &uri)).await.unwrap();
+        let first = conn.h1.read_answer(1024).await;
         assert!(first.is_ok());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
         let status = conns
-            .exchange(
-                conn,
-                true,
-                &connector,
-                &uri,
-                request(&conns, &uri),
-                |r| async move { (r.status(), true) },
-            )
-            .await;
+            .exchange(conn, true, &connector, &uri, &request(&conns, &uri), 1024)
+            .await
+            .map(|a| a.status);
         assert_eq!(status.unwrap(), 200);
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }

@@ -1,6 +1,7 @@
-//! The tool-service client: a pooled HTTP/1 client (https through rustls with the ring provider)
-//! that reads response bodies with a hard cap, for both protocols a tool may speak: plain HTTP
-//! (here) and MCP (`call/mcp.rs`). Both give the same [`Reply`].
+//! The tool-service client (https through rustls with the ring provider), reading response
+//! bodies with a hard cap, for both protocols a tool may speak: plain HTTP (here, on each tool's
+//! own kept connections: `call::pool`, `call::h1`) and MCP (`call/mcp.rs`, through a shared
+//! pooled hyper client). Both give the same [`Reply`].
 
 use std::sync::Arc;
 
@@ -141,8 +142,9 @@ impl Upstream {
     }
 
     /// A `POST` of `body` with the headers every tool gets: content type, the call's ids, the
-    /// trace context, and the tool's own credentials. `target` is the URL the request names: the
-    /// whole URL for the shared client, its path and query on a connection of the tool's own.
+    /// trace context, and the tool's own credentials, for the shared client (MCP); `target` is
+    /// the URL the request names. A plain-HTTP call writes the same headers itself
+    /// ([`plain_request`]).
     pub(super) fn request(
         req: &ToolRequest<'_>,
         target: &Uri,
@@ -171,23 +173,26 @@ impl Upstream {
 
     /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`.
     async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
+        let serialized;
         let body = match req.input_json {
-            Some(text) => text.as_bytes().to_vec(),
+            Some(text) => text.as_bytes(),
             None => {
-                serde_json::to_vec(req.input).map_err(|e| UpstreamError::Body(e.to_string()))?
+                serialized = serde_json::to_vec(req.input)
+                    .map_err(|e| UpstreamError::Body(e.to_string()))?;
+                &serialized[..]
             }
         };
-        let request = Upstream::request(&req, req.connections.target(), body)?;
-        let (status, body) = req
+        let request = plain_request(&req, req.connections.target(), body)?;
+        let answer = req
             .connections
-            .send(&self.connector, req.uri, request, |response| async {
-                let status = response.status().as_u16();
-                let body = read_body(response, req.raw_bytes).await;
-                let read_to_end = body.is_ok();
-                ((status, body), read_to_end)
-            })
+            .send(&self.connector, req.uri, &request, req.raw_bytes)
             .await
             .map_err(UpstreamError::Unreachable)?;
+        let status = answer.status;
+        let body = answer.body.map_err(|e| match e {
+            ReadError::TooLarge => UpstreamError::TooLarge { status },
+            ReadError::Body(e) => UpstreamError::Body(e),
+        });
         let body = body?;
         // The usual answer: compacted in one pass and kept as that text.
         if (200..300).contains(&status)
@@ -234,6 +239,55 @@ impl Upstream {
             selected: None,
         })
     }
+}
+
+/// The whole HTTP/1.1 request of a plain-HTTP call: a `POST` of `body` to `target` with the
+/// headers [`Upstream::request`] gives every tool, and its length.
+fn plain_request(
+    req: &ToolRequest<'_>,
+    target: &Uri,
+    body: &[u8],
+) -> Result<Vec<u8>, UpstreamError> {
+    // The ids are safe ids already; a field value is checked all the same, as a header map
+    // would check it, so that nothing can end a line early.
+    fn field_value(v: &str) -> Result<&[u8], UpstreamError> {
+        if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+            Ok(v.as_bytes())
+        } else {
+            Err(UpstreamError::Unreachable(
+                "an id is not a header value".into(),
+            ))
+        }
+    }
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(
+        target
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .as_bytes(),
+    );
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut field = |name: &[u8], value: &[u8]| {
+        out.extend_from_slice(name);
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    field(b"host: ", req.host.as_bytes());
+    field(b"content-type: ", b"application/json");
+    field(b"x-run-id: ", field_value(req.run_id)?);
+    field(b"x-tool-call-id: ", field_value(req.tool_call_id)?);
+    if let Some(tp) = req.traceparent {
+        field(b"traceparent: ", tp.as_bytes());
+    }
+    if let Some(auth) = req.auth {
+        field(b"authorization: ", auth.as_bytes());
+    }
+    let mut length = itoa::Buffer::new();
+    field(b"content-length: ", length.format(body.len()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    Ok(out)
 }
 
 /// A raw response nested deeper than `limits.json_depth`: nothing of it is kept, so every
