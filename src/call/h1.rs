@@ -184,6 +184,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 match httparse::parse_chunk_size(&self.buf) {
                     Ok(httparse::Status::Complete(found)) => break found,
                     Ok(httparse::Status::Partial) => {
+                        // A size line (with its extensions) is bounded like a head.
+                        if self.buf.len() >= MAX_HEAD {
+                            return Err(ReadError::Body("chunk size line too long".into()));
+                        }
                         let have = self.buf.len();
                         self.fill_to(have + 1).await?;
                     }
@@ -390,6 +394,20 @@ mod tests {
         );
         let got = read(&[many.as_bytes()], false, 10).await;
         assert!(got.unwrap_err().contains("answer head"));
+        // A chunk's size line and the trailers are bounded the same way, while the tool
+        // keeps its end open.
+        let extended = format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;{}",
+            "e".repeat(MAX_HEAD)
+        );
+        let got = read(&[extended.as_bytes()], true, 10).await;
+        assert!(got.unwrap_err().contains("chunk size line too long"));
+        let trailers = format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n{}",
+            "t: 1\r\n".repeat(MAX_HEAD / 4)
+        );
+        let got = read(&[trailers.as_bytes()], true, 10).await;
+        assert!(got.unwrap_err().contains("trailers too long"));
     }
 
     #[tokio::test]
