@@ -146,25 +146,23 @@ pub struct Rejected<'a> {
 impl Finished<'_> {
     /// Logs the line (see the module's comment).
     pub fn log(&self) {
-        if !tracing::enabled!(target: "toolgate::call", tracing::Level::INFO) {
-            return;
-        }
-        if direct() {
-            write_direct(self.line(&SystemTime));
-            return;
-        }
-        tracing::info!(
-            target: "toolgate::call",
-            run_id = self.run_id,
-            "gen_ai.tool.call.id" = self.tool_call_id,
-            "gen_ai.tool.name" = self.tool,
-            status = self.status,
-            evidence_status = self.evidence_status,
-            code = self.code,
-            layer = self.layer,
-            duration_ms = self.duration_ms,
-            cause = self.cause,
-            "call finished"
+        per_call(
+            || self.line(&SystemTime),
+            || {
+                tracing::info!(
+                    target: "toolgate::call",
+                    run_id = self.run_id,
+                    "gen_ai.tool.call.id" = self.tool_call_id,
+                    "gen_ai.tool.name" = self.tool,
+                    status = self.status,
+                    evidence_status = self.evidence_status,
+                    code = self.code,
+                    layer = self.layer,
+                    duration_ms = self.duration_ms,
+                    cause = self.cause,
+                    "call finished"
+                )
+            },
         );
     }
 
@@ -187,21 +185,19 @@ impl Finished<'_> {
 impl Rejected<'_> {
     /// Logs the line (see the module's comment).
     pub fn log(&self) {
-        if !tracing::enabled!(target: "toolgate::call", tracing::Level::INFO) {
-            return;
-        }
-        if direct() {
-            write_direct(self.line(&SystemTime));
-            return;
-        }
-        tracing::info!(
-            target: "toolgate::call",
-            code = self.code,
-            layer = self.layer,
-            "gen_ai.tool.name" = self.tool,
-            "gen_ai.tool.call.id" = self.tool_call_id,
-            cause = self.cause,
-            "call rejected"
+        per_call(
+            || self.line(&SystemTime),
+            || {
+                tracing::info!(
+                    target: "toolgate::call",
+                    code = self.code,
+                    layer = self.layer,
+                    "gen_ai.tool.name" = self.tool,
+                    "gen_ai.tool.call.id" = self.tool_call_id,
+                    cause = self.cause,
+                    "call rejected"
+                )
+            },
         );
     }
 
@@ -214,6 +210,19 @@ impl Rejected<'_> {
         line.str(",\"gen_ai.tool.call.id\":", self.tool_call_id);
         line.str(",\"cause\":", self.cause);
         Some(line.finish())
+    }
+}
+
+/// A per-call line, if an INFO event of target `toolgate::call` is enabled: written directly
+/// (`line`) when it may be, else logged as the event (`event`).
+fn per_call(line: impl FnOnce() -> Option<String>, event: impl FnOnce()) {
+    if !tracing::enabled!(target: "toolgate::call", tracing::Level::INFO) {
+        return;
+    }
+    if direct() {
+        write_direct(line());
+    } else {
+        event();
     }
 }
 
