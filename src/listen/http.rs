@@ -124,10 +124,13 @@ pub async fn serve<F, Fut>(
                     };
                     let _ = stream.set_nodelay(true);
                     let task = connection(stream, serving.clone(), handler.clone(), stop.clone());
-                    connections.spawn(async move {
+                    // Inline: hyper's request body wakes this task from within its own
+                    // poll; that wake is taken as a second poll, not a trip through the
+                    // scheduler (`wake.rs`).
+                    connections.spawn(crate::wake::Inline::new(async move {
                         task.await;
                         drop(permit);
-                    });
+                    }));
                 }
                 Err(e) => {
                     // Out of file descriptors and similar: back off instead of spinning.
