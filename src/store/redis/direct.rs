@@ -2,13 +2,13 @@
 //! (reserve, and finalize with `durability: primary`).
 //!
 //! The cluster client routes every command through a task of its own, which then hands it to
-//! the node's connection task: two hops each way. A write whose slot owner is known here takes
-//! one of that primary's own connections ([`super::resp`]) and drives it itself: no hop. The
+//! the node's connection task: two hops each way. A write whose slot owner is known here goes
+//! on that primary's own pipelined connection ([`super::resp`]) and drives it itself: no hop. The
 //! slot owners come from `CLUSTER SLOTS`, asked in the background; until they are known, and
 //! after any failure on a direct connection, writes go through the cluster client, which
 //! follows `MOVED`/`ASK`, waits out a failover and reconnects. So the direct path is only a
 //! shortcut: a redirect, a dead node or a timeout there forgets the whole map (and with it the
-//! primaries' idle connections), and the same command is sent once through the cluster client,
+//! primaries' connections), and the same command is sent once through the cluster client,
 //! within the same store timeout. Redis refuses a command on a node that does not own its slot
 //! (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write land on
 //! the wrong node.
@@ -114,16 +114,7 @@ impl Primaries {
             return Outcome::Detour;
         };
         let mut guard = Forget(Some(self));
-        let reply = match node.checkout().await {
-            Ok(mut conn) => match conn.call(pack).await {
-                Ok(reply) => {
-                    node.checkin(conn);
-                    Ok(reply)
-                }
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let reply = node.call(pack).await;
         match reply {
             Ok(Reply::Int(code)) => {
                 guard.0 = None;
@@ -210,21 +201,17 @@ impl Primaries {
         for (start, end, host, port) in ranges {
             let index = match addresses.iter().position(|(h, p)| *h == host && *p == port) {
                 Some(i) => Some(i),
-                None => {
-                    let node = Node::new(host.clone(), port, handshake.clone());
-                    match node.connect().await {
-                        Ok(conn) => {
-                            node.checkin(conn);
-                            addresses.push((host, port));
-                            primaries.push(Arc::new(node));
-                            Some(primaries.len() - 1)
-                        }
-                        Err(e) => {
-                            tracing::debug!(cause = %e, "redis-cluster primary not reached directly");
-                            None
-                        }
+                None => match Node::connect(&host, port, handshake).await {
+                    Ok(node) => {
+                        addresses.push((host, port));
+                        primaries.push(Arc::new(node));
+                        Some(primaries.len() - 1)
                     }
-                }
+                    Err(e) => {
+                        tracing::debug!(cause = %e, "redis-cluster primary not reached directly");
+                        None
+                    }
+                },
             };
             if let Some(index) = index.and_then(|i| u16::try_from(i).ok()) {
                 for owner in &mut owners[usize::from(start)..=usize::from(end)] {
