@@ -4,8 +4,8 @@
 -- ARGV[1] now_ms, ARGV[2] tool, ARGV[3] PROJECTING record JSON, ARGV[4] record TTL ms
 -- Returns 0 reserved, 1 RUN_INACTIVE, 2 RUN_DEADLINE_EXCEEDED, 3 DUPLICATE_TOOL_CALL,
 -- 4 BUDGET_EXHAUSTED.
--- Three commands on the way to a reservation (one when it is refused): the run's fields in one
--- HMGET, the duplicate check and the record in one SET NX, both counters in one HSET.
+-- Three commands on the way to a reservation (one or two when it is refused): the run's fields
+-- in one HMGET, the duplicate check and the record in one SET NX, both counters in one HSET.
 local tool = ARGV[2]
 local run = redis.call('HMGET', KEYS[1], 'state', 'deadline_ms', 'calls_used', 'max_calls',
   'record_bytes_used', 'max_record_bytes', 'cap:' .. tool, 'used:' .. tool)
