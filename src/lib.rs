@@ -5,7 +5,7 @@
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
 //! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`otel`], [`config`],
-//! [`auth`], [`error`], [`ids`], [`clock`], [`body`], [`compact`] and [`wake`] below them.
+//! [`auth`], [`error`], [`ids`], [`clock`], [`body`], [`compact`], [`wake`] and [`workers`] below them.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
 //! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
@@ -22,6 +22,7 @@
 //! - [`compact`]: a tool's raw JSON validated and made compact in one pass
 //! - [`log`]: the JSON log line format
 //! - [`wake`]: a future polled only when it was woken itself
+//! - [`workers`]: the serving threads, one single-threaded runtime per core
 //! - [`injector`]: the Kubernetes admission webhook that injects the sidecar
 //! - [`demo`]: `toolgate demo`
 #![forbid(unsafe_code)]
@@ -43,3 +44,4 @@ pub mod otel;
 pub mod paths;
 pub mod store;
 pub mod wake;
+pub mod workers;

@@ -200,6 +200,7 @@ fn serve(path: PathBuf) -> ExitCode {
         );
         let options = Options {
             config_path: Some(path),
+            workers: toolgate::workers::count(),
             ..Options::default()
         };
         match listen::run(config, tokens, listeners, options, shutdown_signal()).await {

@@ -5,8 +5,10 @@
 //! unpolled. So before it is used again it is polled once, which is when a
 //! close by the tool service is seen, and a closed one is dropped then.
 //!
+//! - Kept per thread ([`crate::workers::shard`]): a call on a serving thread takes a connection
+//!   that thread opened, so the socket's wakes come to the thread the call runs on.
 //! - Newest first: the connection used last is used next.
-//! - At most [`MAX_IDLE`] wait; one more is closed instead of kept.
+//! - At most [`MAX_IDLE`] wait per thread; one more is closed instead of kept.
 //! - One idle for [`IDLE_TIMEOUT`] is closed: at the next checkout or check-in, or by the sweep
 //!   that runs while any wait.
 //! - A request that could not be written because its connection had closed in the meantime is
@@ -50,7 +52,8 @@ struct Conn {
 pub struct Connections {
     /// The request target: the upstream URL's path and query (origin form).
     target: Uri,
-    idle: Arc<Mutex<Idle>>,
+    /// One per [`crate::workers::shard`].
+    idle: Box<[Arc<Mutex<Idle>>]>,
 }
 
 #[derive(Default)]
@@ -72,7 +75,9 @@ impl Connections {
         );
         Connections {
             target: Uri::from_parts(target).unwrap_or_else(|_| Uri::from_static("/")),
-            idle: Arc::default(),
+            idle: (0..crate::workers::shards())
+                .map(|_| Arc::default())
+                .collect(),
         }
     }
 
@@ -158,18 +163,26 @@ impl Connections {
         idle.conns.push_back(conn);
         if !idle.sweeping {
             idle.sweeping = true;
-            tokio::spawn(sweep(Arc::downgrade(&self.idle)));
+            tokio::spawn(sweep(Arc::downgrade(self.shard())));
         }
     }
 
     /// How many connections wait unused.
     #[cfg(test)]
     pub fn idle(&self) -> usize {
-        self.lock().conns.len()
+        self.idle
+            .iter()
+            .map(|i| i.lock().unwrap_or_else(|p| p.into_inner()).conns.len())
+            .sum()
+    }
+
+    /// This thread's connections.
+    fn shard(&self) -> &Arc<Mutex<Idle>> {
+        &self.idle[crate::workers::shard() % self.idle.len()]
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+        self.shard().lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

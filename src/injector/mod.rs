@@ -192,6 +192,7 @@ pub async fn serve_on(
         close_grace: DRAIN_TIMEOUT,
         // The API server opens a few connections per replica; anything past this is not it.
         max_connections: 256,
+        workers: None,
     };
     let settings = Arc::new(settings);
     let (stop, stopped) = watch::channel(false);

@@ -27,6 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use super::framing::{Marks, Watched};
 use crate::error::{self, Code};
 use crate::ids::ToolCallId;
+use crate::workers::Workers;
 
 pub type Body = Full<Bytes>;
 
@@ -69,6 +70,9 @@ pub struct Serving {
     pub close_grace: Duration,
     /// Open connections served at once; past it a new one is refused at once.
     pub max_connections: usize,
+    /// The serving threads connections are handed to; `None` serves them on the runtime
+    /// that runs the accept loop.
+    pub workers: Option<Arc<Workers>>,
 }
 
 impl Serving {
@@ -79,6 +83,7 @@ impl Serving {
             header_read_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(5),
             max_connections,
+            workers: None,
         }
     }
 
@@ -123,14 +128,32 @@ pub async fn serve<F, Fut>(
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    let task = connection(stream, serving.clone(), handler.clone(), stop.clone());
-                    // Inline: hyper's request body wakes this task from within its own
-                    // poll; that wake is taken as a second poll, not a trip through the
-                    // scheduler (`wake.rs`).
-                    connections.spawn(crate::wake::Inline::new(async move {
-                        task.await;
-                        drop(permit);
-                    }));
+                    match &serving.workers {
+                        None => {
+                            let task =
+                                connection(stream, serving.clone(), handler.clone(), stop.clone());
+                            // Inline: hyper's request body wakes this task from within its own
+                            // poll; that wake is taken as a second poll, not a trip through the
+                            // scheduler (`wake.rs`).
+                            connections.spawn(crate::wake::Inline::new(async move {
+                                task.await;
+                                drop(permit);
+                            }));
+                        }
+                        Some(workers) => {
+                            // The socket moves to the worker's runtime: it is registered there
+                            // when the task first runs.
+                            let Ok(stream) = stream.into_std() else { continue };
+                            let (serving, handler, stop) =
+                                (serving.clone(), handler.clone(), stop.clone());
+                            workers.spawn(&mut connections, crate::wake::Inline::new(async move {
+                                if let Ok(stream) = TcpStream::from_std(stream) {
+                                    connection(stream, serving, handler, stop).await;
+                                }
+                                drop(permit);
+                            }));
+                        }
+                    }
                 }
                 Err(e) => {
                     // Out of file descriptors and similar: back off instead of spinning.

@@ -23,6 +23,7 @@ use crate::call::State;
 use crate::config::{Config, ListenConfig, Reload};
 use crate::error::Result;
 use crate::metrics::ReloadResult;
+use crate::workers::Workers;
 use http::Serving;
 
 /// The three bound listeners. Tests bind port 0 and read the addresses back.
@@ -57,6 +58,9 @@ pub struct Options {
     /// The file to watch for hot reload, if any.
     pub config_path: Option<PathBuf>,
     pub reload_interval: Duration,
+    /// Serving threads for the agent listener (`crate::workers`); 0 serves its connections
+    /// on the runtime `run` is called on.
+    pub workers: usize,
 }
 
 impl Default for Options {
@@ -64,6 +68,7 @@ impl Default for Options {
         Options {
             config_path: None,
             reload_interval: Duration::from_secs(1),
+            workers: 0,
         }
     }
 }
@@ -100,12 +105,21 @@ pub async fn run(
             },
         ));
     }
+    let workers = match options.workers {
+        0 => None,
+        n => Some(Arc::new(Workers::start(n).map_err(|e| {
+            crate::error::Error::internal(format_args!("cannot start the serving threads: {e}"))
+        })?)),
+    };
     let (stop, stopped) = watch::channel(false);
     let mut listening = tokio::task::JoinSet::new();
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.agent,
-        Serving::plain(config.listen.max_connections.agent),
+        Serving {
+            workers,
+            ..Serving::plain(config.listen.max_connections.agent)
+        },
         move |req| agent::handle(s.clone(), req),
         stopped.clone(),
     ));

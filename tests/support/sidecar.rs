@@ -66,6 +66,8 @@ impl Sidecar {
         let options = Options {
             config_path: Some(config_path.clone()),
             reload_interval: Duration::from_millis(100),
+            // As `toolgate serve` does: connections are served on threads of their own.
+            workers: 2,
         };
         let task = tokio::spawn(listen::run(
             config,
