@@ -12,6 +12,10 @@
 //! within the same store timeout. Redis refuses a command on a node that does not own its slot
 //! (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write land on
 //! the wrong node.
+//!
+//! The map and its connections are kept per thread ([`crate::workers::shard`]): each serving
+//! thread asks for its own and opens its own connections on its own runtime, so a reply wakes
+//! the thread whose call waits for it. A failure forgets only that thread's map.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -63,6 +67,13 @@ pub struct Primaries {
     handshake: Option<Arc<Handshake>>,
     timeout: Duration,
     cluster: ClusterConnection,
+    /// One per [`crate::workers::shard`].
+    shards: Box<[Shard]>,
+}
+
+/// One thread's slot map and connections.
+#[derive(Default)]
+struct Shard {
     map: RwLock<Option<Arc<SlotMap>>>,
     refreshing: AtomicBool,
     last_refresh: Mutex<Option<Instant>>,
@@ -91,29 +102,34 @@ impl Primaries {
             handshake,
             timeout,
             cluster,
-            map: RwLock::new(None),
-            refreshing: AtomicBool::new(false),
-            last_refresh: Mutex::new(None),
+            shards: (0..crate::workers::shards())
+                .map(|_| Shard::default())
+                .collect(),
         });
-        primaries.refresh_soon();
+        primaries.refresh_soon(primaries.shard());
         primaries
     }
 
     /// Runs the command that `pack` writes on the primary that owns `key`'s slot, when the
     /// owner is known; an unknown map is asked for in the background. Any failure (an error
-    /// reply, a dead connection, the caller dropping this future) forgets the map, except
-    /// `NOSCRIPT`, which only the cluster client's retry (it loads the script) can cure.
+    /// reply, a dead connection, the caller dropping this future) forgets this thread's map,
+    /// except `NOSCRIPT`, which only the cluster client's retry (it loads the script) can cure.
     pub async fn write(self: &Arc<Self>, key: &str, pack: impl FnOnce(&mut Vec<u8>)) -> Outcome {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let shard = self.shard();
+        let map = self.shards[shard]
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let Some(map) = map else {
-            self.refresh_soon();
+            self.refresh_soon(shard);
             return Outcome::Detour;
         };
         let owner = map.owners[usize::from(slot(key.as_bytes()))];
         let Some(node) = map.primaries.get(usize::from(owner)) else {
             return Outcome::Detour;
         };
-        let mut guard = Forget(Some(self));
+        let mut guard = Forget(Some((self, shard)));
         let reply = node.call(pack).await;
         match reply {
             Ok(Reply::Int(code)) => {
@@ -135,44 +151,52 @@ impl Primaries {
         }
     }
 
-    /// Whether a slot map is in use: for tests and the benchmark's checks.
+    /// Whether this thread has a slot map in use: for tests and the benchmark's checks.
     pub fn ready(&self) -> bool {
-        self.map.read().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.shards[self.shard()]
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
-    /// Drops the map (its connections close with their last use) and asks for a new one.
-    fn forget(self: &Arc<Self>) {
-        *self.map.write().unwrap_or_else(|p| p.into_inner()) = None;
-        self.refresh_soon();
+    /// This thread's shard.
+    fn shard(&self) -> usize {
+        crate::workers::shard() % self.shards.len()
     }
 
-    /// Starts one background refresh, unless one is under way; it waits out [`REFRESH_GAP`]
-    /// since the last one.
-    fn refresh_soon(self: &Arc<Self>) {
-        if self.handshake.is_none() || self.refreshing.swap(true, Ordering::AcqRel) {
+    /// Drops a shard's map (its connections close with their last use) and asks for a new one.
+    fn forget(self: &Arc<Self>, shard: usize) {
+        *self.shards[shard]
+            .map
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.refresh_soon(shard);
+    }
+
+    /// Starts one background refresh of a shard's map, on this thread's runtime, unless one
+    /// is under way; it waits out [`REFRESH_GAP`] since that shard's last one.
+    fn refresh_soon(self: &Arc<Self>, shard: usize) {
+        let refreshing = &self.shards[shard].refreshing;
+        if self.handshake.is_none() || refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let primaries = self.clone();
         tokio::spawn(async move {
-            let last = *primaries
-                .last_refresh
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let shard = &primaries.shards[shard];
+            let last = *shard.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(wait) = last.and_then(|at| REFRESH_GAP.checked_sub(at.elapsed())) {
                 tokio::time::sleep(wait).await;
             }
-            *primaries
-                .last_refresh
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            *shard.last_refresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             match tokio::time::timeout(primaries.timeout * 2, primaries.fetch()).await {
                 Ok(Ok(map)) => {
-                    *primaries.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map))
+                    *shard.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map))
                 }
                 Ok(Err(e)) => tracing::debug!(cause = %e, "redis-cluster slot map not refreshed"),
                 Err(_) => tracing::debug!("redis-cluster slot map not refreshed in time"),
             }
-            primaries.refreshing.store(false, Ordering::Release);
+            shard.refreshing.store(false, Ordering::Release);
         });
     }
 
@@ -223,13 +247,13 @@ impl Primaries {
     }
 }
 
-/// Forgets the map when dropped holding it: a direct write that failed, or was cut off.
-struct Forget<'a>(Option<&'a Arc<Primaries>>);
+/// Forgets a shard's map when dropped holding it: a direct write that failed, or was cut off.
+struct Forget<'a>(Option<(&'a Arc<Primaries>, usize)>);
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        if let Some(primaries) = self.0 {
-            primaries.forget();
+        if let Some((primaries, shard)) = self.0 {
+            primaries.forget(shard);
         }
     }
 }
