@@ -22,8 +22,10 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinSet};
 
-/// The most workers started, whatever the core count.
-const MAX_WORKERS: usize = 64;
+/// The most workers started, whatever the core count. A sidecar serves one agent: past a few
+/// cores more threads add no throughput it needs, while each thread keeps connections of its
+/// own to every tool and every Redis primary.
+pub const MAX_WORKERS: usize = 8;
 
 thread_local! {
     /// 1 + the worker's index on a worker thread; 0 on any other.

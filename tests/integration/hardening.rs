@@ -177,6 +177,29 @@ fn the_process_runs_without_transparent_huge_pages() {
     assert_eq!(tg.status("THP_enabled"), "0");
 }
 
+/// `toolgate serve` serves the agent's connections on one thread per core it may use, at most
+/// `MAX_WORKERS`, each named `toolgate-worker-N` (the kernel keeps a name's first 15 bytes).
+#[test]
+fn the_binary_serves_on_one_thread_per_core() {
+    let tg = Toolgate::spawn();
+    let want = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(toolgate::workers::MAX_WORKERS);
+    let serving = || {
+        std::fs::read_dir(format!("/proc/{}/task", tg.child.id()))
+            .expect("the process's threads")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.starts_with("toolgate-worker"))
+            .count()
+    };
+    // A thread names itself once it runs: give the last one a moment.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while serving() != want && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(serving(), want);
+}
+
 impl Drop for Toolgate {
     fn drop(&mut self) {
         let _ = self.child.kill();
