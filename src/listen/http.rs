@@ -128,30 +128,29 @@ pub async fn serve<F, Fut>(
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
+                    // With serving threads the socket moves to a worker's runtime: it is
+                    // registered there when the task first runs.
+                    let socket = match &serving.workers {
+                        None => Socket::Here(stream),
+                        Some(_) => match stream.into_std() {
+                            Ok(stream) => Socket::Moving(stream),
+                            Err(_) => continue,
+                        },
+                    };
+                    let served = serve_socket(socket, serving.clone(), handler.clone(), stop.clone());
+                    // Inline: hyper's request body wakes this task from within its own poll;
+                    // that wake is taken as a second poll, not a trip through the scheduler
+                    // (`wake.rs`).
+                    let task = crate::wake::Inline::new(async move {
+                        served.await;
+                        drop(permit);
+                    });
                     match &serving.workers {
                         None => {
-                            let task =
-                                connection(stream, serving.clone(), handler.clone(), stop.clone());
-                            // Inline: hyper's request body wakes this task from within its own
-                            // poll; that wake is taken as a second poll, not a trip through the
-                            // scheduler (`wake.rs`).
-                            connections.spawn(crate::wake::Inline::new(async move {
-                                task.await;
-                                drop(permit);
-                            }));
+                            connections.spawn(task);
                         }
                         Some(workers) => {
-                            // The socket moves to the worker's runtime: it is registered there
-                            // when the task first runs.
-                            let Ok(stream) = stream.into_std() else { continue };
-                            let (serving, handler, stop) =
-                                (serving.clone(), handler.clone(), stop.clone());
-                            workers.spawn(&mut connections, crate::wake::Inline::new(async move {
-                                if let Ok(stream) = TcpStream::from_std(stream) {
-                                    connection(stream, serving, handler, stop).await;
-                                }
-                                drop(permit);
-                            }));
+                            workers.spawn(&mut connections, task);
                         }
                     }
                 }
@@ -176,6 +175,32 @@ pub async fn serve<F, Fut>(
             "closing connections after the grace period"
         );
     }
+}
+
+/// An accepted socket: on the runtime that serves it, or on its way to a serving thread.
+enum Socket {
+    Here(TcpStream),
+    Moving(std::net::TcpStream),
+}
+
+/// [`connection`] on `socket`, registered with the runtime this runs on.
+async fn serve_socket<F, Fut>(
+    socket: Socket,
+    serving: Serving,
+    handler: F,
+    stop: watch::Receiver<bool>,
+) where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Body>> + Send + 'static,
+{
+    let tcp = match socket {
+        Socket::Here(tcp) => tcp,
+        Socket::Moving(std) => match TcpStream::from_std(std) {
+            Ok(tcp) => tcp,
+            Err(_) => return,
+        },
+    };
+    connection(tcp, serving, handler, stop).await;
 }
 
 /// One connection: the TLS handshake if any, then HTTP/1.1 until the peer closes or the
