@@ -5,7 +5,7 @@
 //! store replies. On a multi-threaded runtime such a wake often lands on a parked worker (the
 //! scheduler wakes one to share the work): a futex wake, a thread switch, the task moving to
 //! another core, and back. Here a connection stays on one thread: its socket, the connections
-//! to tools and to Redis its calls use (kept per thread, see [`shard`]) and its timers all
+//! to tools and to Redis its calls use (kept per thread, see [`PerThread`]) and its timers all
 //! belong to that thread's runtime, so no wake crosses threads. Load is spread by connection:
 //! each new one goes to the worker serving the fewest.
 //!
@@ -43,15 +43,35 @@ pub fn count() -> usize {
     })
 }
 
-/// How many shards per-thread state is split into: one per worker, and one for every other
-/// thread.
-pub fn shards() -> usize {
-    count() + 1
-}
-
-/// This thread's shard, below [`shards`]: its worker's, or 0 off the workers.
+/// This thread's shard: 1 + its worker's index, or 0 off the workers.
 pub fn shard() -> usize {
     SHARD.with(Cell::get)
+}
+
+/// A value kept per thread: one for each worker, and one shared by every other thread. A call
+/// on a serving thread uses the value of its own thread, so the connections it holds wake that
+/// thread and no lock it takes is contended.
+pub struct PerThread<T> {
+    values: Box<[T]>,
+}
+
+impl<T> PerThread<T> {
+    /// One value from `make` for each worker [`count`] allows, and one for the other threads.
+    pub fn new(make: impl FnMut() -> T) -> PerThread<T> {
+        PerThread {
+            values: std::iter::repeat_with(make).take(count() + 1).collect(),
+        }
+    }
+
+    /// This thread's value.
+    pub fn get(&self) -> &T {
+        &self.values[shard() % self.values.len()]
+    }
+
+    /// Every thread's value.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.values.iter()
+    }
 }
 
 /// The running workers. Dropping this stops them: each drops the tasks it still has.
@@ -157,6 +177,31 @@ mod tests {
         }
         for w in &workers.workers {
             assert_eq!(w.open.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn per_thread_values_are_the_threads_own() {
+        let workers = Workers::start(2).unwrap();
+        let mut made = 0;
+        let values = Arc::new(PerThread::new(|| {
+            made += 1;
+            made
+        }));
+        assert_eq!(values.iter().count(), count() + 1);
+        assert_eq!(*values.get(), 1, "off the workers: the first value");
+        let mut set = JoinSet::new();
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        for _ in 0..2 {
+            let (values, seen_tx) = (values.clone(), seen_tx.clone());
+            workers.spawn(&mut set, async move {
+                seen_tx.send((shard(), *values.get())).unwrap();
+                std::future::pending::<()>().await;
+            });
+        }
+        for _ in 0..2 {
+            let (shard, value) = seen.recv().await.unwrap();
+            assert_eq!(value, shard % (count() + 1) + 1, "worker {shard}");
         }
     }
 

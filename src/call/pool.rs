@@ -5,7 +5,7 @@
 //! unpolled. So before it is used again it is polled once, which is when a
 //! close by the tool service is seen, and a closed one is dropped then.
 //!
-//! - Kept per thread ([`crate::workers::shard`]): a call on a serving thread takes a connection
+//! - Kept per thread ([`PerThread`]): a call on a serving thread takes a connection
 //!   that thread opened, so the socket's wakes come to the thread the call runs on.
 //! - Newest first: the connection used last is used next.
 //! - At most [`MAX_IDLE`] wait per thread; one more is closed instead of kept.
@@ -31,6 +31,7 @@ use tower_service::Service;
 
 use super::h1;
 pub use super::h1::Answer;
+use crate::workers::PerThread;
 
 /// How long a connection may wait unused before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,8 +53,7 @@ struct Conn {
 pub struct Connections {
     /// The request target: the upstream URL's path and query (origin form).
     target: Uri,
-    /// One per [`crate::workers::shard`].
-    idle: Box<[Arc<Mutex<Idle>>]>,
+    idle: PerThread<Arc<Mutex<Idle>>>,
 }
 
 #[derive(Default)]
@@ -75,9 +75,7 @@ impl Connections {
         );
         Connections {
             target: Uri::from_parts(target).unwrap_or_else(|_| Uri::from_static("/")),
-            idle: (0..crate::workers::shards())
-                .map(|_| Arc::default())
-                .collect(),
+            idle: PerThread::new(Arc::default),
         }
     }
 
@@ -163,7 +161,7 @@ impl Connections {
         idle.conns.push_back(conn);
         if !idle.sweeping {
             idle.sweeping = true;
-            tokio::spawn(sweep(Arc::downgrade(self.shard())));
+            tokio::spawn(sweep(Arc::downgrade(self.idle.get())));
         }
     }
 
@@ -177,12 +175,8 @@ impl Connections {
     }
 
     /// This thread's connections.
-    fn shard(&self) -> &Arc<Mutex<Idle>> {
-        &self.idle[crate::workers::shard() % self.idle.len()]
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
-        self.shard().lock().unwrap_or_else(|p| p.into_inner())
+        self.idle.get().lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

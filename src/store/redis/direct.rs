@@ -13,9 +13,10 @@
 //! (`MOVED`, `ASK`, `TRYAGAIN`) before running it, so a stale map never makes a write land on
 //! the wrong node.
 //!
-//! The map and its connections are kept per thread ([`crate::workers::shard`]): each serving
-//! thread asks for its own and opens its own connections on its own runtime, so a reply wakes
-//! the thread whose call waits for it. A failure forgets only that thread's map.
+//! The map and its connections are kept per thread ([`PerThread`]): each thread asks for its own
+//! at its first write and opens its own connections on its own runtime, so a reply wakes the
+//! thread whose call waits for it. A thread that never writes opens none. A failure forgets
+//! only that thread's map.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -26,6 +27,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, IntoConnectionInfo, Value};
 
 use super::resp::{Handshake, Node, Reply};
+use crate::workers::PerThread;
 
 /// Redis Cluster's slot count.
 const SLOTS: usize = 16384;
@@ -67,8 +69,7 @@ pub struct Primaries {
     handshake: Option<Arc<Handshake>>,
     timeout: Duration,
     cluster: ClusterConnection,
-    /// One per [`crate::workers::shard`].
-    shards: Box<[Shard]>,
+    shards: PerThread<Arc<Shard>>,
 }
 
 /// One thread's slot map and connections.
@@ -89,7 +90,7 @@ pub enum Outcome {
 
 impl Primaries {
     /// `node` is one configured node URL: its scheme and credentials are used for every
-    /// primary. The map is first asked for in the background.
+    /// primary. Nothing is asked for yet: each thread asks for its map at its first write.
     pub fn new(node: &str, timeout: Duration, cluster: ClusterConnection) -> Arc<Primaries> {
         let handshake = match handshake(node) {
             Ok(h) => h.map(Arc::new),
@@ -98,16 +99,12 @@ impl Primaries {
                 None
             }
         };
-        let primaries = Arc::new(Primaries {
+        Arc::new(Primaries {
             handshake,
             timeout,
             cluster,
-            shards: (0..crate::workers::shards())
-                .map(|_| Shard::default())
-                .collect(),
-        });
-        primaries.refresh_soon(primaries.shard());
-        primaries
+            shards: PerThread::new(Arc::default),
+        })
     }
 
     /// Runs the command that `pack` writes on the primary that owns `key`'s slot, when the
@@ -115,12 +112,8 @@ impl Primaries {
     /// reply, a dead connection, the caller dropping this future) forgets this thread's map,
     /// except `NOSCRIPT`, which only the cluster client's retry (it loads the script) can cure.
     pub async fn write(self: &Arc<Self>, key: &str, pack: impl FnOnce(&mut Vec<u8>)) -> Outcome {
-        let shard = self.shard();
-        let map = self.shards[shard]
-            .map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let shard = self.shards.get();
+        let map = shard.map.read().unwrap_or_else(|p| p.into_inner()).clone();
         let Some(map) = map else {
             self.refresh_soon(shard);
             return Outcome::Detour;
@@ -151,39 +144,35 @@ impl Primaries {
         }
     }
 
-    /// Whether this thread has a slot map in use: for tests and the benchmark's checks.
-    pub fn ready(&self) -> bool {
-        self.shards[self.shard()]
+    /// Whether this thread has a slot map in use; when it has none, one is asked for, as a
+    /// write would. For tests, which wait for the direct path before they use it.
+    pub fn ready(self: &Arc<Self>) -> bool {
+        let shard = self.shards.get();
+        let ready = shard
             .map
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some()
-    }
-
-    /// This thread's shard.
-    fn shard(&self) -> usize {
-        crate::workers::shard() % self.shards.len()
+            .is_some();
+        if !ready {
+            self.refresh_soon(shard);
+        }
+        ready
     }
 
     /// Drops a shard's map (its connections close with their last use) and asks for a new one.
-    fn forget(self: &Arc<Self>, shard: usize) {
-        *self.shards[shard]
-            .map
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+    fn forget(self: &Arc<Self>, shard: &Arc<Shard>) {
+        *shard.map.write().unwrap_or_else(|p| p.into_inner()) = None;
         self.refresh_soon(shard);
     }
 
     /// Starts one background refresh of a shard's map, on this thread's runtime, unless one
     /// is under way; it waits out [`REFRESH_GAP`] since that shard's last one.
-    fn refresh_soon(self: &Arc<Self>, shard: usize) {
-        let refreshing = &self.shards[shard].refreshing;
-        if self.handshake.is_none() || refreshing.swap(true, Ordering::AcqRel) {
+    fn refresh_soon(self: &Arc<Self>, shard: &Arc<Shard>) {
+        if self.handshake.is_none() || shard.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let primaries = self.clone();
+        let (primaries, shard) = (self.clone(), shard.clone());
         tokio::spawn(async move {
-            let shard = &primaries.shards[shard];
             let last = *shard.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(wait) = last.and_then(|at| REFRESH_GAP.checked_sub(at.elapsed())) {
                 tokio::time::sleep(wait).await;
@@ -248,7 +237,7 @@ impl Primaries {
 }
 
 /// Forgets a shard's map when dropped holding it: a direct write that failed, or was cut off.
-struct Forget<'a>(Option<(&'a Arc<Primaries>, usize)>);
+struct Forget<'a>(Option<(&'a Arc<Primaries>, &'a Arc<Shard>)>);
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {

@@ -218,7 +218,8 @@ impl RedisStore {
         }
     }
 
-    /// Whether reserve and finalize go straight to the primaries (the slot map is known).
+    /// Whether reserve and finalize go straight to the primaries on this thread (its slot map
+    /// is known); when not, the map is asked for.
     pub fn direct_ready(&self) -> bool {
         self.primaries.ready()
     }
