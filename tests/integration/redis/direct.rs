@@ -3,13 +3,16 @@
 
 use std::time::Duration;
 
+use serde_json::json;
 use toolgate::config::Durability;
 use toolgate::store::redis::{CLIENT_NAME, RedisStore, slot};
 use toolgate::store::{Finalized, Keys, Store};
 
 use crate::store::{new_run, projecting, ready, redis_config};
-use crate::support::Deadline;
+use crate::support::fake_tool::FakeTool;
 use crate::support::redis_cluster::{self, RedisCluster};
+use crate::support::sidecar::Sidecar;
+use crate::support::{Deadline, unique};
 
 /// The `CLIENT LIST` lines of the direct connections on node `port` whose last command was
 /// `EVALSHA`.
@@ -208,4 +211,79 @@ async fn direct_connections_authenticate_with_the_urls_credentials() {
         .expect_err("refused credentials");
     assert_eq!(err.code, toolgate::error::Code::StoreUnavailable);
     assert!(!refused.direct_ready(), "no slot map without a session");
+}
+
+/// How many direct connections are open on node `port`.
+fn direct_connections(port: u16) -> usize {
+    let list = redis_cluster::query(port, &["CLIENT", "LIST"]).expect("CLIENT LIST");
+    list.lines()
+        .filter(|l| l.split(' ').any(|f| f == format!("name={CLIENT_NAME}")))
+        .count()
+}
+
+/// Each serving thread opens its own connection to every primary at its first write; the main
+/// runtime, where the admin API runs, opens none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_opens_direct_connections_on_its_serving_threads_only() {
+    // A cluster of its own: the only direct connections on it are this sidecar's.
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("spawn cluster");
+    let tool = FakeTool::start().await;
+    let nodes = cluster
+        .urls()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let config = format!(
+        "store: {{kind: redis-cluster, nodes: [{nodes}], durability: primary, timeout_ms: 2000}}\n\
+         tools:\n  - {{name: search, upstream: '{}', read_only: true}}\n",
+        tool.url("search")
+    );
+    let sidecar = Sidecar::start(&config).await;
+    let run_id = unique("threads");
+    let token = sidecar
+        .create_run(json!({"run_id": run_id, "budget": {"max_calls": 10_000}}))
+        .await;
+    let primaries: Vec<u16> = cluster.primaries().iter().map(|n| n.port).collect();
+    let mut n = 0;
+    let deadline = Deadline::after(
+        Duration::from_secs(20),
+        "both serving threads' direct connections",
+    );
+    loop {
+        four_calls(&sidecar, &token, &run_id, &mut n).await;
+        if primaries.iter().all(|&p| direct_connections(p) >= 2) {
+            break;
+        }
+        deadline.tick().await;
+    }
+    // More calls open no more.
+    for _ in 0..5 {
+        four_calls(&sidecar, &token, &run_id, &mut n).await;
+    }
+    for port in primaries {
+        assert_eq!(
+            direct_connections(port),
+            2,
+            "one direct connection per serving thread on {port}"
+        );
+    }
+}
+
+/// Four calls at once, on as many agent connections: they reach both serving threads. `n`
+/// numbers their ids.
+async fn four_calls(sidecar: &Sidecar, token: &str, run_id: &str, n: &mut usize) {
+    let call = |i: usize| async move {
+        let id = format!("call_{i}");
+        sidecar
+            .invoke(token, run_id, &id, "search", json!({"q": "x"}))
+            .await
+    };
+    let replies = tokio::join!(call(*n), call(*n + 1), call(*n + 2), call(*n + 3));
+    *n += 4;
+    for r in [replies.0, replies.1, replies.2, replies.3] {
+        assert_eq!(r.status, 200, "{}", r.raw);
+    }
 }
