@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, MutexGuard};
 
 use hashbrown::HashTable;
@@ -103,11 +104,6 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
         }
     }
 
-    fn get(&self, key: &K) -> Option<&V> {
-        let At { hash, shard: i } = self.locate(key);
-        self.shards[i].find(hash, |(k, _)| k == key).map(|(_, v)| v)
-    }
-
     fn insert(&mut self, key: K, value: V) -> Option<V> {
         self.insert_at(self.locate(&key), key, value)
     }
@@ -148,12 +144,17 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
         }
     }
 
-    fn remove(&mut self, key: &K) -> Option<V> {
+    /// Removes `key` when `take` holds for its value, and gives back the key and the value as
+    /// they were stored. One hash, one probe.
+    fn take_if(&mut self, key: &K, take: impl FnOnce(&V) -> bool) -> Option<(K, V)> {
         let At { hash, shard: i } = self.locate(key);
         let found = self.shards[i].find_entry(hash, |(k, _)| k == key).ok()?;
-        let ((_, old), _) = found.remove();
+        if !take(&found.get().1) {
+            return None;
+        }
+        let (stored, _) = found.remove();
         self.len -= 1;
-        Some(old)
+        Some(stored)
     }
 
     #[cfg(test)]
@@ -261,19 +262,51 @@ impl MemoryStore {
         self.lock().bytes
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> Locked<'_> {
         self.lock_at(clock::now_ms())
     }
 
     /// The lock, for an operation that has read the clock (`now`) already.
-    fn lock_at(&self, now: u64) -> MutexGuard<'_, Inner> {
+    fn lock_at(&self, now: u64) -> Locked<'_> {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        inner.expire(now, EXPIRE_PER_OPERATION);
-        inner
+        let mut expired = Vec::new();
+        inner.expire(now, EXPIRE_PER_OPERATION, &mut expired);
+        Locked {
+            inner,
+            _expired: expired,
+        }
     }
 }
+
+/// The store's lock, and the records that expiry took out of the store on the way in. Fields
+/// drop in order: the lock is released first, then those records are freed, so no other call
+/// waits on the lock while this one gives their memory back.
+struct Locked<'a> {
+    inner: MutexGuard<'a, Inner>,
+    _expired: Vec<Expired>,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
+    }
+}
+
+/// An expired record, held until the lock is released: the key its expiry entry named, and
+/// the key and value the record map held.
+type Expired = (
+    (RunId, ToolCallId),
+    ((RunId, ToolCallId), Expiring<StoredRecord>),
+);
 
 /// The most due keys one operation drops. Reads never see an expired key (they check its
 /// instant), so what is due can wait for later operations: after an idle spell with many keys
@@ -282,9 +315,10 @@ impl MemoryStore {
 const EXPIRE_PER_OPERATION: usize = 64;
 
 impl Inner {
-    /// Drops up to `max` of the keys whose time has come, soonest first. An entry whose key
-    /// was since replaced by a newer one (same name, later expiry) leaves that key alone.
-    fn expire(&mut self, now: Instant, max: usize) {
+    /// Drops up to `max` of the keys whose time has come, soonest first; the records go to
+    /// `expired`, to be freed by the caller. An entry whose key was since replaced by a newer
+    /// one (same name, later expiry) leaves that key alone.
+    fn expire(&mut self, now: Instant, max: usize, expired: &mut Vec<Expired>) {
         for _ in 0..max {
             let Some(due) = self.expiry.first_entry() else {
                 break;
@@ -295,14 +329,16 @@ impl Inner {
             }
             match due.remove() {
                 Key::Run(id) => {
-                    if self.runs.get(&id).is_some_and(|e| e.expires_at == at) {
-                        self.remove_run(&id);
+                    if let Some((_, e)) = self.runs.take_if(&id, |e| e.expires_at == at) {
+                        self.bytes = self.bytes.saturating_sub(e.value.size);
                     }
                 }
                 Key::Record(run, id) => {
                     let key = (run, id);
-                    if self.records.get(&key).is_some_and(|e| e.expires_at == at) {
-                        self.remove_record(&key);
+                    if let Some(stored) = self.records.take_if(&key, |e| e.expires_at == at) {
+                        let size = record_size(&stored.0, &stored.1.value.json);
+                        self.bytes = self.bytes.saturating_sub(size);
+                        expired.push((key, stored));
                     }
                 }
             }
@@ -318,7 +354,8 @@ impl Inner {
     /// live keys: what is due is dropped first.
     fn room_for(&mut self, size: u64, max_bytes: u64) -> Result<(), Error> {
         if self.bytes.saturating_add(size) > max_bytes {
-            self.expire(clock::now_ms(), usize::MAX);
+            // Rare (a full store): what this drops is freed here, under the lock.
+            self.expire(clock::now_ms(), usize::MAX, &mut Vec::new());
         }
         if self.bytes.saturating_add(size) > max_bytes {
             return Err(Error::store(format!(
@@ -327,18 +364,6 @@ impl Inner {
             )));
         }
         Ok(())
-    }
-
-    fn remove_run(&mut self, run_id: &RunId) {
-        if let Some(e) = self.runs.remove(run_id) {
-            self.bytes = self.bytes.saturating_sub(e.value.size);
-        }
-    }
-
-    fn remove_record(&mut self, key: &(RunId, ToolCallId)) {
-        if let Some(e) = self.records.remove(key) {
-            self.bytes = self.bytes.saturating_sub(record_size(key, &e.value.json));
-        }
     }
 
     /// Inserts or replaces the record of `key`, which lies at `at`, keeping the byte count.
@@ -663,6 +688,30 @@ mod tests {
         }
         assert_eq!(held(&store), (1, 0), "later operations drop the rest");
         assert_eq!(store.bytes(), RUN_OVERHEAD + 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_freed_after_the_lock_is_released() {
+        let store = MemoryStore::new(1_000);
+        let now = clock::now_ms();
+        let run_id = create_run(&store, now, 10).await;
+        for id in ["a", "b", "c"] {
+            let record = Record::projecting(
+                run_id.clone(),
+                ToolCallId::parse(id).unwrap(),
+                ToolName::parse("t").unwrap(),
+                json!({}),
+                now,
+            );
+            store.reserve(&record, now + 1).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        let locked = store.lock();
+        assert!(locked.records.is_empty(), "out of the store");
+        let held: Vec<&str> = locked._expired.iter().map(|(k, _)| k.1.as_str()).collect();
+        assert_eq!(held, ["a", "b", "c"], "not yet freed: they go with the guard");
+        drop(locked);
+        assert!(store.inner.try_lock().is_ok());
     }
 
     #[tokio::test(start_paused = true)]
