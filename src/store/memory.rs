@@ -709,7 +709,11 @@ mod tests {
         let locked = store.lock();
         assert!(locked.records.is_empty(), "out of the store");
         let held: Vec<&str> = locked._expired.iter().map(|(k, _)| k.1.as_str()).collect();
-        assert_eq!(held, ["a", "b", "c"], "not yet freed: they go with the guard");
+        assert_eq!(
+            held,
+            ["a", "b", "c"],
+            "not yet freed: they go with the guard"
+        );
         drop(locked);
         assert!(store.inner.try_lock().is_ok());
     }
