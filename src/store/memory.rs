@@ -649,6 +649,20 @@ mod tests {
         run_id
     }
 
+    /// Reserves a record of tool `t` in run `run_id` for each of `ids`.
+    async fn reserve_each(store: &MemoryStore, run_id: &RunId, now: Instant, ids: &[&str]) {
+        for id in ids {
+            let record = Record::projecting(
+                run_id.clone(),
+                ToolCallId::parse(id).unwrap(),
+                ToolName::parse("t").unwrap(),
+                json!({}),
+                now,
+            );
+            store.reserve(&record, now + 1).await.unwrap();
+        }
+    }
+
     /// The keys held, without expiring anything (`lock` would).
     fn held(store: &MemoryStore) -> (usize, usize) {
         let inner = store.inner.lock().unwrap();
@@ -695,16 +709,7 @@ mod tests {
         let store = MemoryStore::new(1_000);
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
-        for id in ["a", "b", "c"] {
-            let record = Record::projecting(
-                run_id.clone(),
-                ToolCallId::parse(id).unwrap(),
-                ToolName::parse("t").unwrap(),
-                json!({}),
-                now,
-            );
-            store.reserve(&record, now + 1).await.unwrap();
-        }
+        reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
         tokio::time::advance(Duration::from_millis(1_001)).await;
         let locked = store.lock();
         assert!(locked.records.is_empty(), "out of the store");
@@ -723,16 +728,7 @@ mod tests {
         let store = MemoryStore::new(1_000);
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
-        for id in ["a", "b", "c"] {
-            let record = Record::projecting(
-                run_id.clone(),
-                ToolCallId::parse(id).unwrap(),
-                ToolName::parse("t").unwrap(),
-                json!({}),
-                now,
-            );
-            store.reserve(&record, now + 1).await.unwrap();
-        }
+        reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
         assert_eq!(store.lock().records.len(), 3);
         tokio::time::advance(Duration::from_millis(1_001)).await;
         // Any operation expires what is due; the run (TTL 500 + 1000 ms) is not due yet.
