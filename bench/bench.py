@@ -649,7 +649,7 @@ def fmt(x, spec, none="-"):
 def print_table(report):
     cols = [("path", 24), ("req/s", 9), ("/direct", 8), ("/nginx", 7), ("p50 ms", 7),
             ("p99 ms", 7), ("+p99 ms", 8), ("RSS idle", 9), ("RSS load", 9), ("CPU s/10k", 10),
-            ("CPU us", 7), ("/nginx CPU", 10), ("RT/call", 8), ("failed", 7)]
+            ("CPU us", 7), ("/nginx CPU", 10), ("others us", 9), ("RT/call", 8), ("failed", 7)]
     head = " ".join(n.ljust(w) if i == 0 else n.rjust(w) for i, (n, w) in enumerate(cols))
     print(head)
     print("-" * len(head))
@@ -673,6 +673,7 @@ def print_table(report):
             fmt(r.get("cpu_s_per_10k_calls"), ".2f"),
             fmt(r.get("proxy_cpu_us_per_call"), ".1f"),
             fmt(ratios.get("cpu_vs_nginx"), ".2f"),
+            fmt(r.get("tool_and_store_cpu_us_per_call"), ".1f"),
             fmt(store.get("round_trips_per_call"), ".2f"),
             str(r["requests"]["failed"]),
         ]
