@@ -271,7 +271,7 @@ impl MemoryStore {
         // A panic while holding the lock cannot leave a half-applied operation: each
         // operation mutates only after all its checks, so the data stays consistent.
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let mut expired = Vec::new();
+        let mut expired = Expired::default();
         inner.expire(now, EXPIRE_PER_OPERATION, &mut expired);
         Locked {
             inner,
@@ -280,12 +280,12 @@ impl MemoryStore {
     }
 }
 
-/// The store's lock, and the records that expiry took out of the store on the way in. Fields
-/// drop in order: the lock is released first, then those records are freed, so no other call
-/// waits on the lock while this one gives their memory back.
+/// The store's lock, and what expiry took out of the store on the way in. Fields drop in
+/// order: the lock is released first, then what expired is freed, so no other call waits on
+/// the lock while this one gives that memory back.
 struct Locked<'a> {
     inner: MutexGuard<'a, Inner>,
-    _expired: Vec<Expired>,
+    _expired: Expired,
 }
 
 impl Deref for Locked<'_> {
@@ -301,12 +301,18 @@ impl DerefMut for Locked<'_> {
     }
 }
 
-/// An expired record, held until the lock is released: the key its expiry entry named, and
-/// the key and value the record map held.
-type Expired = (
-    (RunId, ToolCallId),
-    ((RunId, ToolCallId), Expiring<StoredRecord>),
-);
+/// What expiry took out of the store, held until the lock is released. A record comes with the
+/// key its expiry entry named and the key and value the record map held; a run with its
+/// progress list, which may hold the last references to many ids. (A run or record found
+/// expired by a read is rare: it is dropped where it is found.)
+#[derive(Default)]
+struct Expired {
+    records: Vec<(RecordKey, (RecordKey, Expiring<StoredRecord>))>,
+    runs: Vec<(RunId, Expiring<RunEntry>)>,
+}
+
+/// A record's key: its run and its tool_call_id.
+type RecordKey = (RunId, ToolCallId);
 
 /// The most due keys one operation drops. Reads never see an expired key (they check its
 /// instant), so what is due can wait for later operations: after an idle spell with many keys
@@ -315,10 +321,10 @@ type Expired = (
 const EXPIRE_PER_OPERATION: usize = 64;
 
 impl Inner {
-    /// Drops up to `max` of the keys whose time has come, soonest first; the records go to
-    /// `expired`, to be freed by the caller. An entry whose key was since replaced by a newer
-    /// one (same name, later expiry) leaves that key alone.
-    fn expire(&mut self, now: Instant, max: usize, expired: &mut Vec<Expired>) {
+    /// Drops up to `max` of the keys whose time has come, soonest first, into `expired`, to be
+    /// freed by the caller. An entry whose key was since replaced by a newer one (same name,
+    /// later expiry) leaves that key alone.
+    fn expire(&mut self, now: Instant, max: usize, expired: &mut Expired) {
         for _ in 0..max {
             let Some(due) = self.expiry.first_entry() else {
                 break;
@@ -329,8 +335,9 @@ impl Inner {
             }
             match due.remove() {
                 Key::Run(id) => {
-                    if let Some((_, e)) = self.runs.take_if(&id, |e| e.expires_at == at) {
-                        self.bytes = self.bytes.saturating_sub(e.value.size);
+                    if let Some(stored) = self.runs.take_if(&id, |e| e.expires_at == at) {
+                        self.bytes = self.bytes.saturating_sub(stored.1.value.size);
+                        expired.runs.push(stored);
                     }
                 }
                 Key::Record(run, id) => {
@@ -338,7 +345,7 @@ impl Inner {
                     if let Some(stored) = self.records.take_if(&key, |e| e.expires_at == at) {
                         let size = record_size(&stored.0, &stored.1.value.json);
                         self.bytes = self.bytes.saturating_sub(size);
-                        expired.push((key, stored));
+                        expired.records.push((key, stored));
                     }
                 }
             }
@@ -355,7 +362,7 @@ impl Inner {
     fn room_for(&mut self, size: u64, max_bytes: u64) -> Result<(), Error> {
         if self.bytes.saturating_add(size) > max_bytes {
             // Rare (a full store): what this drops is freed here, under the lock.
-            self.expire(clock::now_ms(), usize::MAX, &mut Vec::new());
+            self.expire(clock::now_ms(), usize::MAX, &mut Expired::default());
         }
         if self.bytes.saturating_add(size) > max_bytes {
             return Err(Error::store(format!(
@@ -705,7 +712,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn expired_records_are_freed_after_the_lock_is_released() {
+    async fn expired_keys_are_freed_after_the_lock_is_released() {
         let store = MemoryStore::new(1_000);
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
@@ -713,7 +720,12 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1_001)).await;
         let locked = store.lock();
         assert!(locked.records.is_empty(), "out of the store");
-        let held: Vec<&str> = locked._expired.iter().map(|(k, _)| k.1.as_str()).collect();
+        let held: Vec<&str> = locked
+            ._expired
+            .records
+            .iter()
+            .map(|(k, _)| k.1.as_str())
+            .collect();
         assert_eq!(
             held,
             ["a", "b", "c"],
@@ -721,6 +733,17 @@ mod tests {
         );
         drop(locked);
         assert!(store.inner.try_lock().is_ok());
+        // The run (TTL 500 + 1000 ms) goes the same way, with its progress list.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let locked = store.lock();
+        assert!(locked.runs.is_empty());
+        let held: Vec<&str> = locked
+            ._expired
+            .runs
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect();
+        assert_eq!(held, ["r"]);
     }
 
     #[tokio::test(start_paused = true)]
