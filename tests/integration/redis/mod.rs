@@ -350,9 +350,14 @@ async fn a_record_expired_mid_call_leaves_no_key() {
 
 /// A node that lost its scripts (restarted, or `SCRIPT FLUSH`) gets them loaded again by the
 /// call that meets `NOSCRIPT`: reserve and finalize still answer, and the record is written.
+/// A cluster of its own: a flush on the shared one would take the scripts from under the
+/// other tests' calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_scripts_gets_them_again() {
-    let cluster = redis_cluster::shared();
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("spawn cluster");
+    let cluster = &cluster;
     let store = connect(&redis_config(
         cluster,
         600_000,
