@@ -2,6 +2,12 @@
 //! Every operation takes one lock, so each is atomic, as a Lua script is in Redis. Expiry runs
 //! on the one clock ([`crate::clock`]), so tests move TTLs by pausing and advancing tokio time.
 //!
+//! Expiry is Redis's too: a read checks a key's instant itself, so an expired key is never
+//! seen, and a background task ([`MemoryStore::expire_in_background`]) drops the keys that
+//! have come due, a few at a time, and frees them after the lock is released. A call never
+//! drops keys it did not ask for; only a reservation that would take the store past its byte
+//! bound drops everything due first.
+//!
 //! Nothing grows as one block: records sit in many small hash maps that each grow on their
 //! own, expiry in an ordered map with one entry a key, progress lists in chunks. So no
 //! single operation pays for rehashing or copying the whole store, however many records it
@@ -9,8 +15,8 @@
 
 use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, RandomState};
-use std::ops::{Deref, DerefMut};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use hashbrown::HashTable;
 
@@ -30,7 +36,9 @@ pub struct MemoryStore {
     record_ttl_ms: u64,
     /// A reservation that would take the store past this many bytes fails closed.
     max_bytes: u64,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// The thread of [`MemoryStore::expire_in_background`], which ends with the store.
+    expiry_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What one record costs besides its key and body: the map and heap entries and the headers of
@@ -161,11 +169,6 @@ impl<K: Hash + Eq, V> Sharded<K, V> {
     fn len(&self) -> usize {
         self.len
     }
-
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// What [`Sharded::lookup`] found.
@@ -249,12 +252,35 @@ impl MemoryStore {
 
     /// A store that holds at most about `max_bytes` of runs and records: a reservation that
     /// would go past it fails closed with `STORE_UNAVAILABLE`; nothing is ever evicted early.
+    /// Due keys leave memory once [`MemoryStore::expire_in_background`] runs (or when the
+    /// store is full).
     pub fn bounded(record_ttl_ms: u64, max_bytes: u64) -> MemoryStore {
         MemoryStore {
             record_ttl_ms,
             max_bytes,
-            inner: Mutex::new(Inner::default()),
+            inner: Arc::default(),
+            expiry_thread: None,
         }
+    }
+
+    /// Starts the thread that drops due keys: every [`EXPIRY_TICK`], batches of at most
+    /// [`EXPIRE_PER_BATCH`] due keys, each under the lock for that batch only and freed after
+    /// it, until none is due. The thread runs at a lower priority than the serving threads
+    /// (nice 10), so on a busy machine a call's thread is not kept waiting for a core behind it,
+    /// and it reads the clock of the runtime it is started from. It ends within a tick once the
+    /// store is dropped.
+    pub fn expire_in_background(mut self) -> std::io::Result<MemoryStore> {
+        let inner = Arc::downgrade(&self.inner);
+        let runtime = tokio::runtime::Handle::try_current().map_err(std::io::Error::other)?;
+        let thread = std::thread::Builder::new()
+            .name("toolgate-expiry".into())
+            .spawn(move || {
+                let _clock = runtime.enter();
+                lower_priority();
+                expire_due_keys(&inner);
+            })?;
+        self.expiry_thread = Some(thread);
+        Ok(self)
     }
 
     /// The bytes held now, by the store's estimate.
@@ -262,67 +288,85 @@ impl MemoryStore {
         self.lock().bytes
     }
 
-    fn lock(&self) -> Locked<'_> {
-        self.lock_at(clock::now_ms())
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
     }
+}
 
-    /// The lock, for an operation that has read the clock (`now`) already.
-    fn lock_at(&self, now: u64) -> Locked<'_> {
-        // A panic while holding the lock cannot leave a half-applied operation: each
-        // operation mutates only after all its checks, so the data stays consistent.
-        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let mut expired = Expired::default();
-        inner.expire(now, EXPIRE_PER_OPERATION, &mut expired);
-        Locked {
-            inner,
-            _expired: expired,
+/// The store's lock. A panic while holding it cannot leave a half-applied operation: each
+/// operation mutates only after all its checks, so the data stays consistent.
+fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    inner.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How often the expiry task looks for due keys when none was due at its last look: a key
+/// leaves memory at most about this long after it came due.
+pub const EXPIRY_TICK: Duration = Duration::from_millis(10);
+
+/// The most due keys the expiry task drops under one hold of the lock. A call that waits for
+/// the lock waits for at most one batch; between batches the task yields to other tasks.
+pub const EXPIRE_PER_BATCH: usize = 32;
+
+/// The expiry thread's loop: drops due keys until none is due, then sleeps a tick; ends when
+/// the store is gone.
+fn expire_due_keys(inner: &Weak<Mutex<Inner>>) {
+    loop {
+        let Some(store) = inner.upgrade() else {
+            return;
+        };
+        let expired = take_due(&store, clock::now_ms(), EXPIRE_PER_BATCH);
+        drop(store);
+        let full = expired.len() == EXPIRE_PER_BATCH;
+        // Freed here, after the lock was released.
+        drop(expired);
+        if !full {
+            #[allow(clippy::disallowed_methods)] // a thread of its own, not a runtime's
+            std::thread::sleep(EXPIRY_TICK);
         }
     }
 }
 
-/// The store's lock, and what expiry took out of the store on the way in. Fields drop in
-/// order: the lock is released first, then what expired is freed, so no other call waits on
-/// the lock while this one gives that memory back.
-struct Locked<'a> {
-    inner: MutexGuard<'a, Inner>,
-    _expired: Expired,
+/// Lowers the calling thread's priority to nice 10 (best effort: where it cannot, the thread
+/// runs at the process's priority).
+#[cfg(target_os = "linux")]
+fn lower_priority() {
+    let me = rustix::thread::gettid();
+    let _ = rustix::process::setpriority_process(Some(me), 10);
 }
 
-impl Deref for Locked<'_> {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        &self.inner
-    }
+#[cfg(not(target_os = "linux"))]
+fn lower_priority() {}
+
+/// Takes up to `max` keys due at `now` out of the store, under the lock, and hands them back
+/// to be freed after it is released.
+fn take_due(inner: &Mutex<Inner>, now: Instant, max: usize) -> Expired {
+    let mut expired = Expired::default();
+    lock(inner).expire(now, max, &mut expired);
+    expired
 }
 
-impl DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut Inner {
-        &mut self.inner
-    }
-}
-
-/// What expiry took out of the store, held until the lock is released. A record comes with the
-/// key its expiry entry named and the key and value the record map held; a run with its
-/// progress list, which may hold the last references to many ids. (A run or record found
-/// expired by a read is rare: it is dropped where it is found.)
+/// What expiry took out of the store, freed by whoever holds it, after the lock was released.
+/// A record comes with the key its expiry entry named and the key and value the record map
+/// held; a run with its progress list, which may hold the last references to many ids. (A run
+/// or record found expired by a read is rare: it is dropped where it is found.)
 #[derive(Default)]
 struct Expired {
     records: Vec<(RecordKey, (RecordKey, Expiring<StoredRecord>))>,
     runs: Vec<(RunId, Expiring<RunEntry>)>,
 }
 
+impl Expired {
+    fn len(&self) -> usize {
+        self.records.len() + self.runs.len()
+    }
+}
+
 /// A record's key: its run and its tool_call_id.
 type RecordKey = (RunId, ToolCallId);
 
-/// The most due keys one operation drops. Reads never see an expired key (they check its
-/// instant), so what is due can wait for later operations: after an idle spell with many keys
-/// due, no single call pays for dropping them all under the lock. Each operation adds at most
-/// one key and drops up to this many, so expiry keeps up with any load.
-const EXPIRE_PER_OPERATION: usize = 64;
-
 impl Inner {
     /// Drops up to `max` of the keys whose time has come, soonest first, into `expired`, to be
-    /// freed by the caller. An entry whose key was since replaced by a newer one (same name,
+    /// freed by the caller (after releasing the lock). An entry whose key was since replaced by a newer one (same name,
     /// later expiry) leaves that key alone.
     fn expire(&mut self, now: Instant, max: usize, expired: &mut Expired) {
         for _ in 0..max {
@@ -427,7 +471,7 @@ impl Store for MemoryStore {
     fn create_run(&self, run: NewRun) -> StoreFuture<'_, RunView> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock_at(now);
+            let mut inner = self.lock();
             if inner.run(&run.run_id, now).is_some() {
                 return Err(Code::RunExists.into());
             }
@@ -476,7 +520,7 @@ impl Store for MemoryStore {
             check_projecting(record)?;
             let body = record.to_json()?;
             let now = clock::now_ms();
-            let mut inner = self.lock_at(now);
+            let mut inner = self.lock();
             let key = (record.run_id.clone(), record.tool_call_id.clone());
             // The record, and its id in the progress list later.
             let size = record_size(&key, &body) + PROGRESS_OVERHEAD + key.1.len() as u64;
@@ -515,7 +559,7 @@ impl Store for MemoryStore {
         Box::pin(async move {
             let body = FinalBody::new(record, record_bytes)?;
             let now = clock::now_ms();
-            let mut inner = self.lock_at(now);
+            let mut inner = self.lock();
             let key = (record.run_id.clone(), record.tool_call_id.clone());
             // Hashed once, for the read and the write.
             let at = inner.records.locate(&key);
@@ -567,7 +611,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, Option<(Record, u64)>> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock_at(now);
+            let mut inner = self.lock();
             let Some(e) = inner.record(run_id, tool_call_id, now) else {
                 return Ok(None);
             };
@@ -579,7 +623,7 @@ impl Store for MemoryStore {
     fn progress<'a>(&'a self, run_id: &'a RunId) -> StoreFuture<'a, Option<Vec<ProgressEntry>>> {
         Box::pin(async move {
             let now = clock::now_ms();
-            let mut inner = self.lock_at(now);
+            let mut inner = self.lock();
             let Some(ids) = inner
                 .run(run_id, now)
                 .map(|e| e.progress.iter().cloned().collect::<Vec<_>>())
@@ -670,14 +714,14 @@ mod tests {
         }
     }
 
-    /// The keys held, without expiring anything (`lock` would).
+    /// The keys held: the runs and the records.
     fn held(store: &MemoryStore) -> (usize, usize) {
         let inner = store.inner.lock().unwrap();
         (inner.runs.len(), inner.records.len())
     }
 
     #[tokio::test(start_paused = true)]
-    async fn one_operation_drops_a_bounded_number_of_due_keys() {
+    async fn calls_leave_due_keys_to_expiry_which_drops_a_bounded_batch() {
         let store = MemoryStore::new(1_000);
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 1000).await;
@@ -700,14 +744,21 @@ mod tests {
             .get_run(&RunId::parse("other").unwrap())
             .await
             .unwrap();
-        assert_eq!(held(&store), (1, 200 - EXPIRE_PER_OPERATION));
+        assert_eq!(
+            held(&store),
+            (1, 200),
+            "a call drops no key it did not ask for"
+        );
+        let expired = take_due(&store.inner, clock::now_ms(), EXPIRE_PER_BATCH);
+        assert_eq!(expired.len(), EXPIRE_PER_BATCH);
+        assert_eq!(held(&store), (1, 200 - EXPIRE_PER_BATCH));
         for id in &ids {
             assert!(
                 store.get_record(&run_id, id).await.unwrap().is_none(),
                 "a due record is never read, dropped or not"
             );
         }
-        assert_eq!(held(&store), (1, 0), "later operations drop the rest");
+        assert_eq!(held(&store), (1, 0), "a read drops the due key it finds");
         assert_eq!(store.bytes(), RUN_OVERHEAD + 1);
     }
 
@@ -718,56 +769,67 @@ mod tests {
         let run_id = create_run(&store, now, 10).await;
         reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
         tokio::time::advance(Duration::from_millis(1_001)).await;
-        let locked = store.lock();
-        assert!(locked.records.is_empty(), "out of the store");
-        let held: Vec<&str> = locked
-            ._expired
-            .records
-            .iter()
-            .map(|(k, _)| k.1.as_str())
-            .collect();
-        assert_eq!(
-            held,
-            ["a", "b", "c"],
-            "not yet freed: they go with the guard"
-        );
-        drop(locked);
-        assert!(store.inner.try_lock().is_ok());
+        let expired = take_due(&store.inner, clock::now_ms(), EXPIRE_PER_BATCH);
+        assert!(store.inner.try_lock().is_ok(), "the lock is free");
+        assert_eq!(held(&store), (1, 0), "out of the store");
+        let ids: Vec<&str> = expired.records.iter().map(|(k, _)| k.1.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"], "not yet freed: the caller holds them");
         // The run (TTL 500 + 1000 ms) goes the same way, with its progress list.
         tokio::time::advance(Duration::from_millis(500)).await;
-        let locked = store.lock();
-        assert!(locked.runs.is_empty());
-        let held: Vec<&str> = locked
-            ._expired
-            .runs
-            .iter()
-            .map(|(id, _)| id.as_str())
-            .collect();
-        assert_eq!(held, ["r"]);
+        let expired = take_due(&store.inner, clock::now_ms(), EXPIRE_PER_BATCH);
+        assert!(store.inner.try_lock().is_ok());
+        assert_eq!(held(&store), (0, 0));
+        let ids: Vec<&str> = expired.runs.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["r"]);
+    }
+
+    /// Waits until the store holds `want` (runs, records), for at most 10 s of real time: the
+    /// expiry thread reads the test's paused clock but sleeps its ticks on the real one.
+    fn wait_until_held(store: &MemoryStore, want: (usize, usize)) {
+        for _ in 0..1000 {
+            if held(store) == want {
+                return;
+            }
+            // The thread sleeps on the real clock; this test's runtime has nothing else to run.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(EXPIRY_TICK);
+        }
+        panic!("held {:?}, want {want:?}", held(store));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn expired_keys_leave_memory_without_being_read() {
-        let store = MemoryStore::new(1_000);
+    async fn expired_keys_leave_memory_without_any_operation() {
+        let store = MemoryStore::new(1_000).expire_in_background().unwrap();
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
         reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
-        assert_eq!(store.lock().records.len(), 3);
+        assert_eq!(held(&store), (1, 3));
+        // No operation runs while the clock moves past the records' instant; the run (TTL
+        // 500 + 1000 ms) is not due yet.
         tokio::time::advance(Duration::from_millis(1_001)).await;
-        // Any operation expires what is due; the run (TTL 500 + 1000 ms) is not due yet.
-        store
-            .get_run(&RunId::parse("other").unwrap())
-            .await
-            .unwrap();
-        {
-            let inner = store.lock();
-            assert!(inner.records.is_empty());
-            assert_eq!(inner.runs.len(), 1);
-        }
+        wait_until_held(&store, (1, 0));
         tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(store.lock().runs.is_empty());
+        wait_until_held(&store, (0, 0));
         assert!(store.lock().expiry.is_empty());
         assert_eq!(store.bytes(), 0, "expired keys give their bytes back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_thread_works_through_a_backlog_and_ends_with_the_store() {
+        let mut store = MemoryStore::new(1_000).expire_in_background().unwrap();
+        let now = clock::now_ms();
+        let run_id = create_run(&store, now, 1000).await;
+        let ids: Vec<String> = (0..10 * EXPIRE_PER_BATCH)
+            .map(|i| format!("c{i}"))
+            .collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        reserve_each(&store, &run_id, now, &ids).await;
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        wait_until_held(&store, (1, 0));
+        let thread = store.expiry_thread.take().unwrap();
+        assert!(!thread.is_finished());
+        drop(store);
+        thread.join().expect("ends once the store is gone");
     }
 
     #[tokio::test(start_paused = true)]
@@ -811,11 +873,11 @@ mod tests {
             );
         }
         tokio::time::advance(Duration::from_millis(1_001)).await;
-        store.get_run(&run_id).await.unwrap();
-        assert!(store.bytes() < 1_000, "expired records free their space");
         store
             .reserve(&record("after"), now + 1)
             .await
-            .expect("room again once records expired");
+            .expect("room again once records expired: a full store drops what is due first");
+        assert_eq!(held(&store), (1, 1), "only the new record is left");
+        assert!(store.bytes() < 2_000, "expired records free their space");
     }
 }

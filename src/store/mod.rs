@@ -25,7 +25,7 @@ pub use record::{
 pub use run::{Budget, Close, NewRun, RunState, RunView};
 
 use crate::config::{StoreConfig, StoreKind};
-use crate::error::{Code, Result};
+use crate::error::{Code, Error, Result};
 use crate::ids::{RunId, ToolCallId};
 
 /// A boxed store future, so the trait stays object-safe (`Arc<dyn Store>`).
@@ -117,10 +117,11 @@ pub trait Observer: Send + Sync + 'static {
 /// Opens the configured backend, every operation timed and reported to `observer`.
 pub async fn open(config: &StoreConfig, observer: Arc<dyn Observer>) -> Result<Arc<dyn Store>> {
     let inner: Box<dyn Store> = match config.kind {
-        StoreKind::Memory => Box::new(memory::MemoryStore::bounded(
-            config.record_ttl_ms,
-            config.memory_max_bytes,
-        )),
+        StoreKind::Memory => Box::new(
+            memory::MemoryStore::bounded(config.record_ttl_ms, config.memory_max_bytes)
+                .expire_in_background()
+                .map_err(|e| Error::internal(format!("cannot start the expiry thread: {e}")))?,
+        ),
         StoreKind::RedisCluster => Box::new(redis::RedisStore::connect(config).await?),
     };
     Ok(Arc::new(Timed { inner, observer }))
