@@ -99,17 +99,11 @@ mod tests {
     #[test]
     fn purges_lazily_unless_the_environment_says_otherwise() {
         let from_env = std::env::var("MIMALLOC_PURGE_DECOMMITS").ok();
-        assert!(
-            from_env.is_some() || purge_decommits(),
-            "mimalloc's own default"
-        );
+        assert!(from_env.is_some() || purge_decommits(), "mimalloc's own default");
         purge_lazily();
         match from_env.as_deref() {
             None => assert!(!purge_decommits()),
-            Some(v) => assert_eq!(
-                purge_decommits(),
-                !matches!(v, "0" | "false" | "off" | "no")
-            ),
+            Some(v) => assert_eq!(purge_decommits(), !matches!(v, "0" | "false" | "off" | "no")),
         }
     }
 
