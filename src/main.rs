@@ -12,8 +12,7 @@ use toolgate::listen::{self, Listeners, Options};
 
 /// mimalloc instead of glibc malloc: the allocator was the largest single cost on the call
 /// path (a third of the instructions per call under callgrind, plus lock contention). It is
-/// called the way the system allocator is (`toolgate-alloc`, in `alloc/`), and gives memory
-/// back lazily (`toolgate_alloc::purge_lazily`, set first thing in `main`).
+/// called the way the system allocator is (`toolgate-alloc`, in `alloc/`).
 #[global_allocator]
 static GLOBAL: toolgate_alloc::Mimalloc = toolgate_alloc::Mimalloc;
 
@@ -85,7 +84,6 @@ enum Command {
 
 fn main() -> ExitCode {
     no_huge_pages();
-    toolgate_alloc::purge_lazily();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -66,46 +66,9 @@ unsafe impl GlobalAlloc for Mimalloc {
     }
 }
 
-/// mimalloc's `purge_decommits` option: its place in mimalloc's `mi_option_t` (the same in
-/// v2 and v3), which the bindings do not name.
-const PURGE_DECOMMITS: mi::mi_option_t = 5;
-
-/// Has mimalloc give the memory it purges back with `MADV_FREE` instead of `MADV_DONTNEED`,
-/// unless the environment sets `MIMALLOC_PURGE_DECOMMITS` (which then wins). Call it first
-/// thing in `main`.
-///
-/// mimalloc purges memory that has stayed free for a second. With `MADV_DONTNEED` the pages
-/// are gone at once, and the next use of that memory faults each page in again and clears it.
-/// A store that frees many records at once and fills the memory again over the next seconds
-/// (records coming due after a burst of calls) paid that on most calls: 0.7 page faults a
-/// call. With `MADV_FREE` the kernel takes the pages back only when it needs the memory, and
-/// memory used again before that costs nothing. Until then the pages count in the process's
-/// RSS, so after a burst the RSS stays near its peak while the machine has memory to spare.
-pub fn purge_lazily() {
-    // SAFETY: sets an option's default value; no memory is touched.
-    unsafe { mi::mi_option_set_enabled_default(PURGE_DECOMMITS, false) }
-}
-
-/// Whether mimalloc purges with `MADV_DONTNEED` (`true`) or `MADV_FREE` (`false`).
-pub fn purge_decommits() -> bool {
-    // SAFETY: reads an option.
-    unsafe { mi::mi_option_is_enabled(PURGE_DECOMMITS) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn purges_lazily_unless_the_environment_says_otherwise() {
-        let from_env = std::env::var("MIMALLOC_PURGE_DECOMMITS").ok();
-        assert!(from_env.is_some() || purge_decommits(), "mimalloc's own default");
-        purge_lazily();
-        match from_env.as_deref() {
-            None => assert!(!purge_decommits()),
-            Some(v) => assert_eq!(purge_decommits(), !matches!(v, "0" | "false" | "off" | "no")),
-        }
-    }
 
     #[test]
     fn every_block_meets_its_alignment_and_keeps_its_bytes() {
