@@ -283,6 +283,12 @@ impl MemoryStore {
         Ok(self)
     }
 
+    /// Drops every key that is due now, as the expiry thread does, and frees it after the lock
+    /// is released. For a store without that thread (tests, fuzzing).
+    pub fn expire_due(&self) {
+        drop(take_due(&self.inner, clock::now_ms(), usize::MAX));
+    }
+
     /// The bytes held now, by the store's estimate.
     pub fn bytes(&self) -> u64 {
         self.lock().bytes
