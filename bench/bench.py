@@ -351,16 +351,43 @@ def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_po
             "run_id": run_id, "token": body["run_token"], "ports": ports}, None
 
 
-def start_redis(procs, workdir, cluster_bin):
+def start_redis(procs, workdir, cluster_bin, hz=None):
     """examples/redis_cluster: it prints the node URLs once the cluster is healthy, and stops
-    the nodes on SIGTERM (Procs.stop_all) or when its stdin, a pipe from here, closes."""
+    the nodes on SIGTERM (Procs.stop_all) or when its stdin, a pipe from here, closes.
+
+    Every node's latency monitor is on from 1 ms (`latency-monitor-threshold`), so that each
+    Redis leg can say which of the cluster's own pauses (an expire cycle, a slow command) it
+    met; `hz` (the server's background task rate) is Redis's default unless given."""
     p = procs.spawn("redis-cluster", [cluster_bin], pipes=True)
     line = p.stdout.readline()
     urls = line.split()
     if len(urls) != 6 or not all(u.startswith("redis://127.0.0.1:") for u in urls):
         raise Failure(f"Redis Cluster did not start: {log_tail(workdir, 'redis-cluster', 10)}")
     ports = [int(u.rsplit(":", 1)[1]) for u in urls]
-    return {"ports": ports, "primaries": redis_primaries(ports), "pids": redis_pids(ports)}
+    for port in ports:
+        redis_cli(port, "config", "set", "latency-monitor-threshold", "1")
+        if hz is not None:
+            redis_cli(port, "config", "set", "hz", str(hz))
+    got = redis_cli(ports[0], "config", "get", "hz").split()
+    return {"ports": ports, "primaries": redis_primaries(ports), "pids": redis_pids(ports),
+            "hz": int(got[1]) if len(got) == 2 else None}
+
+
+def cluster_stalls(ports):
+    """The longest pause of each kind any node's latency monitor saw since its last reset, in
+    ms (`LATENCY LATEST`: event, time, latest, max for each event, one per line here)."""
+    stalls = {}
+    for port in ports:
+        lines = redis_cli(port, "latency", "latest").split()
+        for i in range(0, len(lines) - 3, 4):
+            event, worst = lines[i], int(lines[i + 3])
+            stalls[event] = max(stalls.get(event, 0), worst)
+    return dict(sorted(stalls.items()))
+
+
+def reset_stalls(ports):
+    for port in ports:
+        redis_cli(port, "latency", "reset")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -681,6 +708,18 @@ def print_table(report):
                        enumerate(zip(cells, cols, strict=True))))
 
 
+def print_cluster_stalls(report):
+    rows = [(n, r["cluster_stalls_ms"]["latency"]) for n, r in report["paths"].items()
+            if r.get("cluster_stalls_ms")]
+    if not rows:
+        return
+    print("\nthe Redis Cluster's own pauses in each latency round (LATENCY LATEST, the longest "
+          "of each kind on any node, ms; none: no pause of 1 ms or more):")
+    for name, rounds in rows:
+        cells = [", ".join(f"{k} {v}" for k, v in r.items()) or "none" for r in rounds]
+        print(f"  {name:24} " + " | ".join(cells))
+
+
 def mcp_vs_invoke(report):
     """The MCP path next to the same call on /v1/invoke (memory store), or None without both."""
     mcp, inv = report["paths"].get(MCP_PATH), report["paths"].get(INVOKE_PATH)
@@ -808,6 +847,9 @@ def main():
                     help="extra environment for every toolgate, for experiments "
                     "(e.g. TOOLGATE_LOG=warn, LD_PRELOAD=...); recorded in the JSON")
     ap.add_argument("--record-ttl-ms", type=int, default=60_000)
+    ap.add_argument("--redis-hz", type=int,
+                    help="the Redis nodes' hz (background task rate; Redis's default, 10, "
+                    "unless given), for experiments; recorded in the JSON")
     ap.add_argument("--live-records", type=int,
                     help="memory store: the live records of the latency phase that holds them "
                     "(default 1000000, 0 in a quick run; 0 skips it)")
@@ -870,9 +912,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     redis = None
     need_redis = any(p["store"] in ("primary", "replica") and p["name"] in wanted for p in PATHS)
     if need_redis:
-        redis = start_redis(procs, workdir, args.redis_cluster)
+        redis = start_redis(procs, workdir, args.redis_cluster, args.redis_hz)
         log(f"Redis Cluster on 127.0.0.1:{redis['ports'][0]}..{redis['ports'][-1]}, "
-            f"primaries {redis['primaries']}")
+            f"primaries {redis['primaries']}, hz {redis['hz']}")
     redis_cpu_pids = redis["pids"] if redis else []
     sink = OtlpSink() if any(p.get("otel") and p["name"] in wanted for p in PATHS) else None
     if sink:
@@ -907,12 +949,18 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     def run_leg(phase, name, threads, conns, seconds, pace_ms=0):
         nonlocal leg_no
         leg_no += 1
+        on_redis = paths[name].get("store") in ("primary", "replica")
+        if on_redis:
+            reset_stalls(redis["ports"])
         r = leg(paths[name], threads, conns, seconds, f"{phase[0]}{leg_no}", pace_ms)
+        if on_redis:
+            r["cluster_stalls_ms"] = cluster_stalls(redis["ports"])
         legs[name][phase].append(r)
         bad = failed_of(r)
         log(f"{phase:10} {name:24} {r['rps']:9.0f} req/s  p50 {r['latency_us']['p50'] / 1000:.3f} ms"
             f"  p99 {r['latency_us']['p99'] / 1000:.3f} ms  statuses {r['statuses']}"
-            + (f"  FAILED {bad}" if bad else ""))
+            + (f"  FAILED {bad}" if bad else "")
+            + (f"  cluster stalls (ms) {r['cluster_stalls_ms']}" if on_redis else ""))
         return r
 
     for n in names:
@@ -955,6 +1003,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             "nginx_worker_processes": f"auto ({paths['nginx']['workers']})"
             if "nginx" in paths else None,
             "fake_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
+            "redis_hz": redis["hz"] if redis else None,
             "toolgate_env": args.toolgate_env or [],
             "otel_sink": sink.stats() if sink else None,
         },
@@ -999,6 +1048,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                                 "peak": rss_load.get(n, (None, None))[1]}
         if n in store:
             entry["store"] = store[n]
+            entry["cluster_stalls_ms"] = {
+                phase: [r["cluster_stalls_ms"] for r in L[phase]]
+                for phase in ("throughput", "latency")}
         if paths[n].get("front"):
             entry["endpoint"] = ENDPOINTS[paths[n]["front"]]
         report["paths"][n] = entry
@@ -1070,6 +1122,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     print()
     print_table(report)
     print_mcp_vs_invoke(report["mcp_vs_invoke"])
+    print_cluster_stalls(report)
     if live:
         print(f"\nmemory store holding {live['records']:,} live records: "
               f"p99 {live['p99_ms']['median']:.3f} ms at 4 "
