@@ -373,6 +373,21 @@ def start_redis(procs, workdir, cluster_bin, hz=None):
             "hz": int(got[1]) if len(got) == 2 else None}
 
 
+def slot_roles(redis, run_id):
+    """For each node, in `redis["ports"]` order: `primary` or `replica` if it holds the hash slot
+    of the run's keys (a run's keys all share one slot), else `other`."""
+    slot = redis_cli(redis["ports"][0], "cluster", "keyslot", f"toolgate:{{{run_id}}}:run").strip()
+    roles = []
+    for port in redis["ports"]:
+        if int(redis_cli(port, "cluster", "countkeysinslot", slot).strip() or 0) == 0:
+            roles.append("other")
+        elif "role:master" in redis_cli(port, "info", "replication"):
+            roles.append("primary")
+        else:
+            roles.append("replica")
+    return roles
+
+
 def cluster_stalls(ports):
     """The longest pause of each kind any node's latency monitor saw since its last reset, in
     ms (`LATENCY LATEST`: event, time, latest, max for each event, one per line here)."""
@@ -398,11 +413,15 @@ def leg(path, threads, conns, seconds, prefix, pace_ms=0):
     pids = path.get("cpu_pids", [])
     extra = path.get("extra_cpu_pids", [])
     cpu0, extra0 = cpu_seconds(pids), cpu_seconds(extra)
+    node0 = [cpu_seconds([p]) for p in path.get("redis_pids", [])]
     mode = path.get("front", "tool")
     out = wrk(path["url"], threads, conns, seconds, mode, prefix, path.get("run_id", ""),
               path.get("token"), pace_ms=pace_ms)
     out["cpu_s"] = cpu_seconds(pids) - cpu0 if pids else None
     out["extra_cpu_s"] = cpu_seconds(extra) - extra0 if extra else None
+    nodes = path.get("redis_pids", [])
+    if nodes:
+        out["redis_node_cpu_s"] = [cpu_seconds([p]) - c for p, c in zip(nodes, node0, strict=True)]
     return out
 
 
@@ -713,6 +732,12 @@ def print_cluster_stalls(report):
             if r.get("cluster_stalls_ms")]
     if not rows:
         return
+    print("\nthe Redis Cluster's CPU per call over the throughput phase (us), by node: the run's "
+          "slot's primary, its replica, the other four nodes:")
+    for name, _ in rows:
+        c = report["paths"][name]["store_cpu_us_per_call"]
+        print(f"  {name:24} primary {fmt(c['primary'], '.1f')}, replica {fmt(c['replica'], '.1f')}"
+              f", others {fmt(c['other_nodes'], '.1f')}")
     print("\nthe Redis Cluster's own pauses in each latency round (LATENCY LATEST, the longest "
           "of each kind on any node, ms; none: no pause of 1 ms or more):")
     for name, rounds in rows:
@@ -932,6 +957,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             continue
         extra = [tool["pid"]] + (redis_cpu_pids if spec["store"] != "memory" else [])
         tg.update(name=spec["name"], workdir=workdir, extra_cpu_pids=extra, store=spec["store"])
+        if spec["store"] != "memory":
+            tg["redis_pids"] = redis_cpu_pids
         paths[spec["name"]] = tg
         log(f"{spec['name']} on {tg['url']} (run {tg['run_id']})")
     if unavailable and not args.allow_unavailable:
@@ -1048,6 +1075,15 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                                 "peak": rss_load.get(n, (None, None))[1]}
         if n in store:
             entry["store"] = store[n]
+            # The cluster's CPU per call over the throughput phase, by the node's part in it.
+            roles = slot_roles(redis, paths[n]["run_id"])
+            by_role = {"primary": 0.0, "replica": 0.0, "other": 0.0}
+            for r in L["throughput"]:
+                for role, c in zip(roles, r["redis_node_cpu_s"], strict=True):
+                    by_role[role] += c
+            entry["store_cpu_us_per_call"] = {
+                f"{role}{'' if role != 'other' else '_nodes'}": v / reqs * 1e6 if reqs else None
+                for role, v in by_role.items()}
             entry["cluster_stalls_ms"] = {
                 phase: [r["cluster_stalls_ms"] for r in L[phase]]
                 for phase in ("throughput", "latency")}
