@@ -727,7 +727,9 @@ def print_table(report):
                        enumerate(zip(cells, cols, strict=True))))
 
 
-def print_cluster_stalls(report):
+def print_cluster(report):
+    """Below the table, for each Redis path: the cluster's CPU per call by node, and its own
+    pauses in each latency round."""
     rows = [(n, r["cluster_stalls_ms"]["latency"]) for n, r in report["paths"].items()
             if r.get("cluster_stalls_ms")]
     if not rows:
@@ -1158,7 +1160,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     print()
     print_table(report)
     print_mcp_vs_invoke(report["mcp_vs_invoke"])
-    print_cluster_stalls(report)
+    print_cluster(report)
     if live:
         print(f"\nmemory store holding {live['records']:,} live records: "
               f"p99 {live['p99_ms']['median']:.3f} ms at 4 "
