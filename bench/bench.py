@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -27,7 +28,7 @@ import urllib.request
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
-from ports import free_port  # noqa: E402  (the scripts' one port helper)
+from ports import free_port, free_ports  # noqa: E402  (the scripts' one port helper)
 from procs import Procs, log_tail  # noqa: E402  (and their process handling)
 
 LUA = os.path.join(BENCH_DIR, "call.lua")
@@ -50,6 +51,8 @@ PATHS = [
 ENDPOINTS = {"invoke": "/v1/invoke", "mcp": "/mcp"}
 # The MCP path is compared with the same call on /v1/invoke, same store, paired per round.
 MCP_PATH, INVOKE_PATH = "toolgate-mcp", "toolgate-memory"
+# --callgrind's name for the Redis primary's side of toolgate-redis-primary's calls.
+REDIS_NODE = "redis-primary-node"
 
 # Commands that are not part of a tool call: the cluster client's topology refresh, probes, and
 # this script's own markers and reads.
@@ -425,39 +428,46 @@ def leg(path, threads, conns, seconds, prefix, pace_ms=0):
     return out
 
 
+def start_monitor(port, fname):
+    """`redis-cli monitor` on one node, into `fname`; returns once a marker proves it attached."""
+    f = open(fname, "w")
+    m = subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "monitor"], stdout=f,
+                         stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while True:
+        redis_cli(port, "echo", "bench-monitor-start")
+        with open(fname) as fh:
+            if "bench-monitor-start" in fh.read():
+                return m, f
+        if time.time() > deadline:
+            stop_monitors([(m, f)])
+            raise Failure(f"redis-cli monitor on {port} did not attach")
+        time.sleep(0.05)
+
+
+def stop_monitors(monitors):
+    for m, f in monitors:
+        m.terminate()
+        m.wait()
+        f.close()
+
+
 def round_trips(path, redis, seconds, calls):
     """Store commands per call: MONITOR on every primary over `calls` sequential calls."""
     prim = redis["primaries"]
     progress_key = f"toolgate:{{{path['run_id']}}}:progress"
     llen0 = int(redis_cli(redis["ports"][0], "-c", "llen", progress_key).strip() or 0)
     stats0 = {p: commandstats(p) for p in prim}
-    monitors, files = [], []
-    for p in prim:
-        fname = os.path.join(path["workdir"], f"monitor-{path['name']}-{p}.txt")
-        f = open(fname, "w")
-        files.append(fname)
-        monitors.append((subprocess.Popen(["redis-cli", "-h", "127.0.0.1", "-p", str(p), "monitor"],
-                                          stdout=f, stderr=subprocess.DEVNULL), f))
+    files = [os.path.join(path["workdir"], f"monitor-{path['name']}-{p}.txt") for p in prim]
+    monitors = []
     try:
-        # A marker in every monitor stream proves that it is attached before the calls start.
-        deadline = time.time() + 10
         for p, fname in zip(prim, files, strict=True):
-            while True:
-                redis_cli(p, "echo", "bench-monitor-start")
-                with open(fname) as fh:
-                    if "bench-monitor-start" in fh.read():
-                        break
-                if time.time() > deadline:
-                    raise Failure(f"redis-cli monitor on {p} did not attach")
-                time.sleep(0.05)
+            monitors.append(start_monitor(p, fname))
         res = wrk(path["url"], 1, 1, seconds, "invoke", f"rt{int(time.time())}", path["run_id"],
                   path["token"], stop_after=calls)
         time.sleep(0.5)  # anything still in flight lands in the streams
     finally:
-        for m, f in monitors:
-            m.terminate()
-            m.wait()
-            f.close()
+        stop_monitors(monitors)
     llen1 = int(redis_cli(redis["ports"][0], "-c", "llen", progress_key).strip() or 0)
     stats1 = {p: commandstats(p) for p in prim}
     finalized = llen1 - llen0
@@ -553,6 +563,22 @@ def sequential_calls(path, n, prefix):
     return bad
 
 
+def callgrind_dump(pid, workdir, prefix):
+    """Has the callgrind'ed process `pid` write its counters since the last dump or zeroing
+    (which it then zeroes), and returns the file, named `prefix`.N in `workdir`."""
+    before = set(os.listdir(workdir))
+    subprocess.run(["callgrind_control", "--dump=measured", str(pid)], check=True,
+                   capture_output=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        new = [f for f in set(os.listdir(workdir)) - before if f.startswith(prefix)]
+        if new:
+            time.sleep(1)  # let callgrind finish writing
+            return os.path.join(workdir, new[0])
+        time.sleep(0.2)
+    raise Failure("callgrind wrote no dump")
+
+
 def callgrind(args, procs, started):
     """Counts toolgate's instructions per call on one path under valgrind's callgrind."""
     def log(msg):
@@ -581,20 +607,7 @@ def callgrind(args, procs, started):
     n = args.calls
     log(f"{n} measured calls")
     bad += sequential_calls(tg, n, "cgm")
-    before = set(os.listdir(args.workdir))
-    subprocess.run(["callgrind_control", "--dump=measured", str(tg["pid"])], check=True,
-                   capture_output=True)
-    dump = None
-    deadline = time.time() + 60
-    while dump is None and time.time() < deadline:
-        new = [f for f in set(os.listdir(args.workdir)) - before if f.startswith("callgrind.out")]
-        if new:
-            dump = os.path.join(args.workdir, new[0])
-            time.sleep(1)  # let callgrind finish writing
-        else:
-            time.sleep(0.2)
-    if dump is None:
-        raise Failure("callgrind wrote no dump")
+    dump = callgrind_dump(tg["pid"], args.workdir, "callgrind.out")
     keep = os.path.join(BENCH_DIR, "results", f"callgrind-{name}.out")
     os.makedirs(os.path.dirname(keep), exist_ok=True)
     subprocess.run(["cp", dump, keep], check=True)
@@ -632,6 +645,222 @@ def callgrind(args, procs, started):
         if shown >= args.top:
             break
     return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# The Redis side of a call, in instructions.
+
+LUA_DIR = os.path.join(REPO_ROOT, "src", "store", "redis", "lua")
+
+
+class Resp:
+    """A minimal binary-safe RESP2 client, one command at a time (DUMP and RESTORE carry bytes
+    that redis-cli's text mode would mangle)."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+        self.buf = b""
+
+    def call(self, *args):
+        out = [b"*%d\r\n" % len(args)]
+        for a in args:
+            a = a if isinstance(a, bytes) else str(a).encode()
+            out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+        self.sock.sendall(b"".join(out))
+        return self._reply()
+
+    def _fill(self):
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise Failure("Redis closed the connection")
+        self.buf += data
+
+    def _reply(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise Failure(f"Redis: {rest.decode(errors='replace')}")
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self._fill()
+            value, self.buf = self.buf[:n], self.buf[n + 2:]
+            return value
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise Failure(f"unexpected Redis reply {line[:40]!r}")
+
+
+MONITOR_LINE = re.compile(rb"^\d+\.\d+ \[\d+ ([^\]]+)\] (.*)$")
+MONITOR_ARG = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+MONITOR_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)")
+ESCAPED = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
+
+
+def monitor_command(line):
+    """The client and the arguments (bytes) of one `MONITOR` line, or None. Each argument is
+    quoted there and escaped as Redis escapes it (`\\"`, `\\\\`, `\\n`, …, `\\xHH`)."""
+    m = MONITOR_LINE.match(line.rstrip(b"\n"))
+    if not m:
+        return None
+
+    def unescape(e):
+        e = e.group(1)
+        return bytes([int(e[1:], 16)]) if len(e) == 3 else ESCAPED.get(e, e)
+
+    return m.group(1), [MONITOR_ESCAPE.sub(unescape, a) for a in MONITOR_ARG.findall(m.group(2))]
+
+
+def callgrind_self_costs(path):
+    """Instructions by function (self cost) in a callgrind file, and the total."""
+    names, costs = {}, {}
+    fn, after_call = None, False
+    with open(path, errors="replace") as f:
+        for line in f:
+            if line.startswith(("fn=", "cfn=")):
+                m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.rstrip("\n"))
+                if m and m.group(2):
+                    names[m.group(1)] = m.group(2)
+                if line.startswith("fn="):
+                    fn = names.get(m.group(1)) if m else line[3:].strip()
+            elif line.startswith("calls="):
+                after_call = True  # the next cost line is the call's inclusive cost
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                if after_call:
+                    after_call = False
+                elif fn is not None:
+                    parts = line.split()
+                    if len(parts) >= 2:
+                        costs[fn] = costs.get(fn, 0) + int(parts[1])
+    return costs, sum(costs.values())
+
+
+def callgrind_redis(args, procs, started):
+    """Counts what the Redis primary spends on a tool call's two scripts. toolgate makes
+    `--calls` sequential calls on the Redis Cluster store while MONITOR records the commands the
+    run's primary receives; those (reserve and finalize, with their real keys and records) are
+    replayed against a standalone redis-server under callgrind, with one replica attached, that
+    holds the run's hash (DUMP and RESTORE) and the scripts of src/store/redis/lua/."""
+    def log(msg):
+        print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    tool = start_tool(procs, args.tool)
+    redis = start_redis(procs, args.workdir, args.redis_cluster)
+    spec = next(p for p in PATHS if p["name"] == "toolgate-redis-primary")
+    tg, why = start_toolgate(procs, args.workdir, spec["name"], args.toolgate, tool["url"],
+                             spec["store"], redis["ports"], args, spec["front"])
+    if tg is None:
+        raise Failure(f"{spec['name']} did not start: {why}")
+    bad = sequential_calls(tg, 50, "crw")  # the scripts are loaded, the connections open
+    primary = redis["ports"][slot_roles(redis, tg["run_id"]).index("primary")]
+    capture = os.path.join(args.workdir, "monitor-replay.txt")
+    n = args.calls
+    log(f"{n} calls on {spec['name']}, recorded by MONITOR on the run's primary ({primary})")
+    monitors = [start_monitor(primary, capture)]
+    try:
+        bad += sequential_calls(tg, n, "crm")
+        time.sleep(0.5)  # anything still in flight lands in the stream
+    finally:
+        stop_monitors(monitors)
+    if bad:
+        raise Failure(f"{bad} of the recorded calls were not READY")
+    run_key = f"toolgate:{{{tg['run_id']}}}:run"
+    source = Resp(primary)
+    run_dump, run_pttl = source.call("DUMP", run_key), source.call("PTTL", run_key)
+
+    scripts = {}
+    with open(capture, "rb") as f:
+        commands = [c[1] for c in map(monitor_command, f)
+                    if c and c[0] != b"lua" and c[1] and c[1][0].upper() == b"EVALSHA"]
+    port, replica_port = free_ports(2)
+    out_prefix = "callgrind-redis.out"
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", args.workdir,
+              "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
+    node = procs.spawn("redis-callgrind", [
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={args.workdir}/{out_prefix}",
+        "redis-server", "--port", str(port), "--dbfilename", "callgrind.rdb", *common])
+    wait_tcp(port, node, "redis-server under callgrind", timeout=120)
+    replica = procs.spawn("redis-replica", [
+        "redis-server", "--port", str(replica_port), "--dbfilename", "replica.rdb",
+        "--replicaof", "127.0.0.1", str(port), *common])
+    wait_tcp(replica_port, replica, "the replica")
+    target = Resp(port)
+    deadline = time.time() + 120
+    while b"master_link_status:up" not in Resp(replica_port).call("INFO", "replication"):
+        if time.time() > deadline:
+            raise Failure("the replica did not attach to the node under callgrind")
+        time.sleep(0.5)
+    target.call("RESTORE", run_key, max(run_pttl, 0), run_dump)
+    for name in sorted(os.listdir(LUA_DIR)):
+        with open(os.path.join(LUA_DIR, name), "rb") as f:
+            scripts[target.call("SCRIPT", "LOAD", f.read()).decode()] = name.removesuffix(".lua")
+    by_script = {}
+    for c in commands:
+        sha = c[1].decode()
+        if sha not in scripts:
+            raise Failure(f"EVALSHA {sha} is none of {LUA_DIR}: toolgate built from other sources?")
+        by_script.setdefault(scripts[sha], []).append(c)
+    reserves, finalizes = by_script.get("reserve", []), by_script.get("finalize", [])
+    if len(reserves) != n or len(finalizes) != n or len(by_script) != 2:
+        raise Failure(f"recorded {len(reserves)} reserve and {len(finalizes)} finalize scripts "
+                      f"({sorted(by_script)}) for {n} calls")
+    for c in finalizes:
+        # ARGV[1] is the record and ARGV[2] its size in bytes, as toolgate counted them: a check
+        # that MONITOR's escaping was undone byte for byte.
+        keys = int(c[2])
+        if len(c[3 + keys]) != int(c[4 + keys]):
+            raise Failure(f"a recorded finalize's record decodes to {len(c[3 + keys])} bytes, "
+                          f"not the {int(c[4 + keys])} toolgate sent")
+    warm = n // 5
+
+    def replay(batch):
+        codes = [target.call(*c) for c in batch]
+        refused = [x for x in codes if x != 0]
+        if refused:
+            raise Failure(f"{len(refused)} of {len(batch)} replayed scripts returned "
+                          f"{sorted(set(refused))}, not 0")
+
+    replay([c for pair in zip(reserves[:warm], finalizes[:warm], strict=True) for c in pair])
+    subprocess.run(["callgrind_control", "--zero", str(node.pid)], check=True,
+                   capture_output=True)
+    measured = n - warm
+    log(f"replaying {warm} calls' scripts as warm-up, then {measured} reserve and {measured} "
+        "finalize scripts measured")
+    replay(reserves[warm:])
+    dumps = [callgrind_dump(node.pid, args.workdir, out_prefix)]
+    replay(finalizes[warm:])
+    dumps.append(callgrind_dump(node.pid, args.workdir, out_prefix))
+    keep = [os.path.join(BENCH_DIR, "results", f"callgrind-{REDIS_NODE}-{script}.out")
+            for script in ("reserve", "finalize")]
+    for dump, path in zip(dumps, keep, strict=True):
+        shutil.copyfile(dump, path)
+    costs, totals = {}, []
+    for d in dumps:
+        c, t = callgrind_self_costs(d)
+        totals.append(t)
+        for k, v in c.items():
+            costs[k] = costs.get(k, 0) + v
+    version = redis_cli(port, "info", "server")
+    version = re.search(r"redis_version:(\S+)", version).group(1)
+    print()
+    print(f"callgrind, the Redis primary (redis-server {version}, one replica attached): "
+          f"{measured} calls' scripts, instructions per call: reserve {totals[0] / measured:,.0f}, "
+          f"finalize {totals[1] / measured:,.0f}, both {sum(totals) / measured:,.0f}")
+    print(f"top self costs per call, both scripts (a bare address: a function without a symbol "
+          f"in this build); the profiles: "
+          f"{', '.join(os.path.relpath(k, REPO_ROOT) for k in keep)}")
+    for fn, ir in sorted(costs.items(), key=lambda kv: -kv[1])[:args.top]:
+        print(f"  {ir / measured:10,.0f}  {ir / sum(totals):6.1%}  {fn[:120]}")
+    return 0
 
 
 def median(xs):
@@ -867,7 +1096,8 @@ def main():
                     "request (0: closed loop at full speed)")
     ap.add_argument("--callgrind", metavar="PATH",
                     help="instead of the benchmark: count toolgate's instructions per call on "
-                    "this toolgate path under valgrind's callgrind")
+                    "this toolgate path under valgrind's callgrind; or, with "
+                    f"{REDIS_NODE}, the Redis primary's for the scripts of a call")
     ap.add_argument("--calls", type=int, default=2000, help="--callgrind: measured calls")
     ap.add_argument("--top", type=int, default=40, help="--callgrind: rows to print")
     ap.add_argument("--toolgate-env", action="append", metavar="KEY=VALUE",
@@ -910,6 +1140,8 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     try:
+        if args.callgrind == REDIS_NODE:
+            return callgrind_redis(args, procs, started)
         if args.callgrind:
             return callgrind(args, procs, started)
         return run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, wanted,

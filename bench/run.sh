@@ -7,6 +7,9 @@
 #   bench/run.sh --callgrind toolgate-redis-primary [--calls N]
 #                           instead: toolgate's instructions per call under valgrind's callgrind,
 #                           with file:function names (a separate build with line tables)
+#   bench/run.sh --callgrind redis-primary-node [--calls N]
+#                           instead: the Redis primary's instructions per call for the call's two
+#                           scripts, replayed from a recorded run under callgrind
 #
 # Any other option goes to bench/bench.py (--help lists them). Installs nginx, wrk and Redis from
 # Debian's packages when they are missing (scripts/install-deps.sh bench), builds the release
@@ -23,7 +26,7 @@ die() {
 }
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 
