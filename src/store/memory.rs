@@ -360,7 +360,11 @@ fn lower_priority() {}
 /// Takes up to `max` keys due at `now` out of the store, under the lock, and hands them back
 /// to be freed after it is released.
 fn take_due(inner: &Mutex<Inner>, now: Instant, max: usize) -> Expired {
-    let mut expired = Expired::default();
+    // Sized for a batch before the lock is taken: nothing grows while it is held.
+    let mut expired = Expired {
+        records: Vec::with_capacity(max.min(EXPIRE_PER_BATCH)),
+        runs: Vec::new(),
+    };
     lock(inner).expire(now, max, &mut expired);
     expired
 }
