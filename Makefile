@@ -23,6 +23,8 @@ lint:
 	scripts/install-deps.sh lint
 	$${TOOLGATE_VENV:-.venv}/bin/ruff check scripts deploy bench
 	shellcheck -x scripts/*.sh bench/run.sh deploy/kind/e2e.sh .ci/run
+	scripts/check_docs.py --self-test
+	scripts/check_docs.py
 
 fmt:
 	cargo fmt --all -- --check
