@@ -325,16 +325,19 @@ pub const PURGE_EVERY_MS: u64 = 100;
 /// memory back every [`PURGE_EVERY_MS`]; ends when the store is gone.
 fn expire_due_keys(inner: &Weak<Mutex<Inner>>) {
     let mut purge_at = clock::now_ms() + PURGE_EVERY_MS;
+    // Room for one batch, kept from tick to tick: nothing allocates while the lock is held,
+    // nor on a tick that finds nothing due.
+    let mut expired = Expired::with_room(EXPIRE_PER_BATCH);
     loop {
         let Some(store) = inner.upgrade() else {
             return;
         };
         let now = clock::now_ms();
-        let expired = take_due(&store, now, EXPIRE_PER_BATCH);
+        lock(&store).expire(now, EXPIRE_PER_BATCH, &mut expired);
         drop(store);
         let full = expired.len() == EXPIRE_PER_BATCH;
-        // Freed here, after the lock was released.
-        drop(expired);
+        // Freed here, after the lock was released; the room stays.
+        expired.clear();
         if now >= purge_at {
             toolgate_alloc::purge();
             purge_at = now + PURGE_EVERY_MS;
@@ -360,11 +363,7 @@ fn lower_priority() {}
 /// Takes up to `max` keys due at `now` out of the store, under the lock, and hands them back
 /// to be freed after it is released.
 fn take_due(inner: &Mutex<Inner>, now: Instant, max: usize) -> Expired {
-    // Sized for a batch before the lock is taken: nothing grows while it is held.
-    let mut expired = Expired {
-        records: Vec::with_capacity(max.min(EXPIRE_PER_BATCH)),
-        runs: Vec::new(),
-    };
+    let mut expired = Expired::with_room(max.min(EXPIRE_PER_BATCH));
     lock(inner).expire(now, max, &mut expired);
     expired
 }
@@ -380,8 +379,23 @@ struct Expired {
 }
 
 impl Expired {
+    /// Room for `batch` keys of either kind, made before the lock is taken, so that a batch of
+    /// at most that many never grows while the lock is held.
+    fn with_room(batch: usize) -> Expired {
+        Expired {
+            records: Vec::with_capacity(batch),
+            runs: Vec::with_capacity(batch),
+        }
+    }
+
     fn len(&self) -> usize {
         self.records.len() + self.runs.len()
+    }
+
+    /// Frees what was taken, keeping the room.
+    fn clear(&mut self) {
+        self.records.clear();
+        self.runs.clear();
     }
 }
 
