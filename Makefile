@@ -25,6 +25,7 @@ lint:
 	shellcheck -x scripts/*.sh bench/run.sh deploy/kind/e2e.sh .ci/run
 	scripts/check_docs.py --self-test
 	scripts/check_docs.py
+	python3 -m unittest discover -s bench
 
 fmt:
 	cargo fmt --all -- --check

@@ -403,6 +403,71 @@ def cluster_stalls(ports):
     return dict(sorted(stalls.items()))
 
 
+# ----------------------------------------------------------------------------------------------
+# Scheduling waits (--sched-waits): how long woken processes waited for a CPU during a leg.
+
+# The waits counted, in ms.
+SCHED_WAITS_MS = (0.25, 1.0)
+# One row of `perf sched timehist`: time, [cpu], task, wait time, sch delay, run time (ms).
+TIMEHIST_ROW = re.compile(r"\s*([\d.]+)\s+\[(\d+)\]\s+(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+
+
+def sched_record(fname, seconds):
+    """`perf sched record` of every CPU for `seconds`, in the background."""
+    return subprocess.Popen(["perf", "sched", "record", "-a", "-o", fname, "--", "sleep",
+                             str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def sched_waits(recorder, fname, calls_per_s):
+    """What a `perf sched record` of a leg saw (`timehist_figures`), `calls_per_s` the leg's
+    rate."""
+    _, err = recorder.communicate(timeout=120)
+    if recorder.returncode != 0:
+        raise Failure(f"perf sched record failed (exit {recorder.returncode}): {err.strip()[-500:]}")
+    r = subprocess.run(["perf", "sched", "timehist", "-i", fname], capture_output=True, text=True,
+                       timeout=300)
+    os.unlink(fname)
+    if r.returncode != 0:
+        raise Failure(f"perf sched timehist failed (exit {r.returncode}): {r.stderr.strip()[-500:]}")
+    return timehist_figures(r.stdout, calls_per_s, os.cpu_count() or 1)
+
+
+def timehist_figures(text, calls_per_s, cpus):
+    """From `perf sched timehist` output (a row each time a task leaves a CPU): how busy the
+    CPUs were, how many times a process was given a CPU per call, and how many times per call a
+    woken process waited more than each of SCHED_WAITS_MS for its CPU ("sch delay")."""
+    first = last = None
+    busy_ms, runs, over = 0.0, 0, dict.fromkeys(SCHED_WAITS_MS, 0)
+    for line in text.splitlines():
+        m = TIMEHIST_ROW.match(line)
+        if not m:
+            continue
+        t = float(m[1])
+        first = t if first is None else first
+        last = t
+        if m[3].startswith("<idle>"):
+            continue
+        busy_ms += float(m[6])
+        runs += 1
+        for ms in SCHED_WAITS_MS:
+            over[ms] += float(m[5]) > ms
+    span = (last - first) if first is not None else 0.0
+    calls = calls_per_s * span
+    if not calls:
+        raise Failure(f"perf sched saw no calls ({runs} rows over {span:.1f} s)")
+    return {"seconds": span, "cpus_busy": busy_ms / 1000 / (span * cpus),
+            "runs_per_call": runs / calls,
+            "waits_over_ms_per_call": {str(ms): n / calls for ms, n in over.items()}}
+
+
+def sched_text(w):
+    """One --sched-waits result, as the log line and the summary print it."""
+    waits = ", ".join(f"> {ms} ms {n * 100:.2f}" for ms, n in w["waits_over_ms_per_call"].items())
+    return (f"CPUs {w['cpus_busy']:.0%} busy, {w['runs_per_call']:.1f} runs a call, "
+            f"waits per 100 calls {waits}")
+
+
 def reset_stalls(ports):
     for port in ports:
         redis_cli(port, "latency", "reset")
@@ -411,20 +476,29 @@ def reset_stalls(ports):
 # ----------------------------------------------------------------------------------------------
 # Measuring.
 
-def leg(path, threads, conns, seconds, prefix, pace_ms=0):
-    """One wrk leg on one path, with the proxy's CPU time over the leg."""
+def leg(path, threads, conns, seconds, prefix, pace_ms=0, sched_file=None):
+    """One wrk leg on one path, with the proxy's CPU time over the leg; with `sched_file`, also
+    what `perf sched` saw of the machine meanwhile (`sched_waits`)."""
+    recorder = sched_record(sched_file, seconds) if sched_file else None
     pids = path.get("cpu_pids", [])
     extra = path.get("extra_cpu_pids", [])
     cpu0, extra0 = cpu_seconds(pids), cpu_seconds(extra)
     node0 = [cpu_seconds([p]) for p in path.get("redis_pids", [])]
     mode = path.get("front", "tool")
-    out = wrk(path["url"], threads, conns, seconds, mode, prefix, path.get("run_id", ""),
-              path.get("token"), pace_ms=pace_ms)
+    try:
+        out = wrk(path["url"], threads, conns, seconds, mode, prefix, path.get("run_id", ""),
+                  path.get("token"), pace_ms=pace_ms)
+    except BaseException:
+        if recorder:
+            recorder.kill()
+        raise
     out["cpu_s"] = cpu_seconds(pids) - cpu0 if pids else None
     out["extra_cpu_s"] = cpu_seconds(extra) - extra0 if extra else None
     nodes = path.get("redis_pids", [])
     if nodes:
         out["redis_node_cpu_s"] = [cpu_seconds([p]) - c for p, c in zip(nodes, node0, strict=True)]
+    if recorder:
+        out["sched_waits"] = sched_waits(recorder, sched_file, out["rps"])
     return out
 
 
@@ -976,6 +1050,18 @@ def print_cluster(report):
         print(f"  {name:24} " + " | ".join(cells))
 
 
+def print_sched(report):
+    """Below the table, with --sched-waits: what `perf sched` saw in each latency round."""
+    rows = [(n, r["sched_waits"]) for n, r in report["paths"].items() if r.get("sched_waits")]
+    if not rows:
+        return
+    print("\nthe machine in each latency round (perf sched; runs: times a process was given a "
+          "CPU; waits: a woken process waiting longer than that for its CPU):")
+    for name, rounds in rows:
+        for i, w in enumerate(rounds):
+            print(f"  {name if i == 0 else '':24} {sched_text(w)}")
+
+
 def mcp_vs_invoke(report):
     """The MCP path next to the same call on /v1/invoke (memory store), or None without both."""
     mcp, inv = report["paths"].get(MCP_PATH), report["paths"].get(INVOKE_PATH)
@@ -1081,7 +1167,7 @@ def main():
                     help="redis_cluster binary (examples/redis_cluster.rs)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", help="JSON output (default bench/results/latest.json, "
-                    "quick: bench/results/quick.json)")
+                    "quick: bench/results/quick.json, --sched-waits: bench/results/sched.json)")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--throughput-seconds", type=int)
     ap.add_argument("--latency-seconds", type=int)
@@ -1111,7 +1197,14 @@ def main():
                     help="memory store: the live records of the latency phase that holds them "
                     "(default 1000000, 0 in a quick run; 0 skips it)")
     ap.add_argument("--run-timeout-ms", type=int, default=6 * 3600 * 1000)
+    ap.add_argument("--sched-waits", action="store_true",
+                    help="record every latency leg with `perf sched` (needs perf and root) and "
+                    "report how busy the CPUs were and how often a woken process waited for "
+                    "one; the recording slows the legs it watches, so it explains a tail rather "
+                    "than measuring one")
     args = ap.parse_args()
+    if args.sched_waits and not shutil.which("perf"):
+        raise SystemExit("--sched-waits needs perf: apt-get install linux-perf")
 
     quick = args.quick
     rounds = args.rounds or (1 if quick else 3)
@@ -1121,8 +1214,9 @@ def main():
     rt_calls = args.rt_calls or (200 if quick else 2000)
     if args.live_records is None:
         args.live_records = 0 if quick else 1_000_000
-    out_path = args.out or os.path.join(BENCH_DIR, "results",
-                                        "quick.json" if quick else "latest.json")
+    # A run watched by perf sched is slowed by it: it never replaces the committed full run.
+    default_out = "quick.json" if quick else "sched.json" if args.sched_waits else "latest.json"
+    out_path = args.out or os.path.join(BENCH_DIR, "results", default_out)
     wanted = [p["name"] for p in PATHS]
     if args.paths:
         wanted = [n.strip() for n in args.paths.split(",") if n.strip()]
@@ -1213,7 +1307,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         on_redis = paths[name].get("store") in ("primary", "replica")
         if on_redis:
             reset_stalls(redis["ports"])
-        r = leg(paths[name], threads, conns, seconds, f"{phase[0]}{leg_no}", pace_ms)
+        sched_file = (os.path.join(workdir, f"sched-{leg_no}.data")
+                      if args.sched_waits and phase == "latency" else None)
+        r = leg(paths[name], threads, conns, seconds, f"{phase[0]}{leg_no}", pace_ms, sched_file)
         if on_redis:
             r["cluster_stalls_ms"] = cluster_stalls(redis["ports"])
         legs[name][phase].append(r)
@@ -1221,7 +1317,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         log(f"{phase:10} {name:24} {r['rps']:9.0f} req/s  p50 {r['latency_us']['p50'] / 1000:.3f} ms"
             f"  p99 {r['latency_us']['p99'] / 1000:.3f} ms  statuses {r['statuses']}"
             + (f"  FAILED {bad}" if bad else "")
-            + (f"  cluster stalls (ms) {r['cluster_stalls_ms']}" if on_redis else ""))
+            + (f"  cluster stalls (ms) {r['cluster_stalls_ms']}" if on_redis else "")
+            + (f"  sched: {sched_text(r['sched_waits'])}" if sched_file else ""))
         return r
 
     for n in names:
@@ -1265,6 +1362,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             if "nginx" in paths else None,
             "fake_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
             "redis_hz": redis["hz"] if redis else None,
+            "sched_waits": args.sched_waits,
             "toolgate_env": args.toolgate_env or [],
             "otel_sink": sink.stats() if sink else None,
         },
@@ -1323,6 +1421,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                 for phase in ("throughput", "latency")}
         if paths[n].get("front"):
             entry["endpoint"] = ENDPOINTS[paths[n]["front"]]
+        if args.sched_waits:
+            entry["sched_waits"] = [r["sched_waits"] for r in L["latency"]]
         report["paths"][n] = entry
 
     # Ratios: per round, each path against the baseline measured in the same round, then the
@@ -1393,6 +1493,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
     print_table(report)
     print_mcp_vs_invoke(report["mcp_vs_invoke"])
     print_cluster(report)
+    print_sched(report)
     if live:
         print(f"\nmemory store holding {live['records']:,} live records: "
               f"p99 {live['p99_ms']['median']:.3f} ms at 4 "
