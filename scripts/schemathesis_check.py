@@ -81,6 +81,7 @@ EXPECTED = {
             "INVALID_INPUT", "INVALID_TOOL_CALL_ID", "REQUEST_TOO_LARGE", "UNAUTHENTICATED"]],
         *[(*INTERCEPT, o) for o in ["READY/EVIDENCE_FOUND", "RUN_MISMATCH", "INVALID_INPUT"]],
         *[(*MCP, o) for o in ["result", "tool result", "isError/UNKNOWN_TOOL", "REQUEST_TOO_LARGE"]],
+        ("GET", "/v1/tools", "body"),
     ],
     "admin": [
         (*RUNS, "body"), (*RUNS, "RUN_EXISTS"), (*RUNS, "INVALID_INPUT"),

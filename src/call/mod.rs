@@ -6,7 +6,7 @@
 //!         preflight 1–9 (no store) → 9b roles → reserve   upstream → project      store CAS
 //! ```
 //!
-//! Front ends (`listen::agent` today) only turn their wire format into an [`Incoming`] and an
+//! Front ends (`listen::agent`, `listen::mcp`) only turn their wire format into an [`Incoming`] and an
 //! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
 pub mod h1;
@@ -97,6 +97,27 @@ impl State {
         }
         let run = self.store.get_run(run_id).await?;
         Ok(run.map(|r| self.runs.put(&r)))
+    }
+
+    /// The tools `run_id` may call, by name: configured, read-only, and in the run's `tools`
+    /// (every such tool when the run names none, or is not known here). MCP `tools/list` and
+    /// `GET /v1/tools` both list exactly these.
+    pub async fn callable_tools(&self, run_id: &RunId) -> Result<Vec<Arc<Tool>>> {
+        let allowed = self.run_spec(run_id).await?.and_then(|s| s.tools.clone());
+        let policy = self.policy.get();
+        let mut tools: Vec<Arc<Tool>> = policy
+            .tools
+            .values()
+            .filter(|t| t.read_only)
+            .filter(|t| {
+                allowed
+                    .as_ref()
+                    .is_none_or(|a| a.iter().any(|n| t.name == n.as_str()))
+            })
+            .cloned()
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(tools)
     }
 
     /// `/readyz`: not draining, and the store answers within its timeout.

@@ -43,7 +43,12 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http:
 
 async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Value)> {
     let path = req.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let segments: Vec<std::borrow::Cow<'_, str>> = path
+        .trim_matches('/')
+        .split('/')
+        .map(http::path_segment)
+        .collect();
+    let segments: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
     let method = req.method().clone();
     match (method, segments.as_slice()) {
         (Method::POST, ["v1", "runs"]) => create_run(state, req).await,

@@ -1,12 +1,14 @@
 //! The agent listener: both call forms (envelope `POST /v1/invoke` and intercept
 //! `POST /tools/{tool}`) become one [`Incoming`] call, and its [`Answer`] becomes the envelope
-//! response; `/mcp` goes to the MCP front end. Nothing is checked, stored or metered here.
+//! response; `/mcp` goes to the MCP front end; `GET /v1/tools` lists the tools the token's run may
+//! call. Nothing is checked, stored or metered here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::body::Incoming as Body;
 use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
 
 use super::http;
 use crate::body::{ReadError, read_capped};
@@ -22,9 +24,10 @@ pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Bod
         // Boxed: the MCP session's future is the largest, and held inline it would make every
         // envelope and intercept request's future (moved into hyper's dispatcher) as large.
         (_, "/mcp") => return Box::pin(super::mcp::handle(state, req)).await,
+        (&Method::GET, "/v1/tools") => return tools(&state, &req).await,
         (&Method::POST, "/v1/invoke") => Form::Envelope,
         (&Method::POST, path) if path.starts_with("/tools/") => Form::Intercept {
-            tool: path["/tools/".len()..].to_string(),
+            tool: http::path_segment(&path["/tools/".len()..]).into_owned(),
         },
         _ => return http::error(Code::NotFound, None),
     };
@@ -42,6 +45,33 @@ pub async fn handle(state: Arc<State>, req: Request<Body>) -> Response<http::Bod
         body,
     };
     respond(call::handle(&state, incoming).await)
+}
+
+/// `GET /v1/tools`: `{"tools":[{"name","description","input_schema"}]}`, the same tools and
+/// schemas as MCP `tools/list`.
+async fn tools(state: &State, req: &Request<Body>) -> Response<http::Body> {
+    let Some(run_id) = state.tokens.run_of(req.headers()) else {
+        return http::error(Code::Unauthenticated, None);
+    };
+    match state.callable_tools(&run_id).await {
+        Ok(tools) => {
+            let tools: Vec<Value> = tools
+                .iter()
+                .map(|t| {
+                    json!({
+                        "name": t.name,
+                        "description": t.description,
+                        "input_schema": t.input_schema.clone().unwrap_or_else(|| json!({"type": "object"})),
+                    })
+                })
+                .collect();
+            http::json(StatusCode::OK, &json!({ "tools": tools }))
+        }
+        Err(e) => {
+            tracing::warn!(code = e.code.as_str(), cause = %e.cause, "GET /v1/tools failed");
+            http::error(e.code, None)
+        }
+    }
 }
 
 /// The envelope response: `{"status":"READY","tool_call_id","evidence_status","result"}`, or

@@ -36,6 +36,15 @@ pub fn error(code: Code, tool_call_id: Option<&ToolCallId>) -> Response<Body> {
     bytes(code.status(), error::body(tool_call_id, code))
 }
 
+/// A path segment that carries an id or a tool name, percent-decoded once (`%3A` is `:`). Bytes
+/// that do not decode to UTF-8 keep the segment as sent, which no safe id matches.
+pub fn path_segment(raw: &str) -> std::borrow::Cow<'_, str> {
+    match percent_encoding::percent_decode_str(raw).decode_utf8() {
+        Ok(decoded) => decoded,
+        Err(_) => std::borrow::Cow::Borrowed(raw),
+    }
+}
+
 /// A JSON response.
 pub fn json(status: StatusCode, body: &Value) -> Response<Body> {
     bytes(status, serde_json::to_vec(body).unwrap_or_default())

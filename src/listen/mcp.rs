@@ -374,25 +374,13 @@ async fn tools_list(state: &State, headers: &HeaderMap) -> Reply {
     let Some(run_id) = state.tokens.run_of(headers) else {
         return Reply::Http(Code::Unauthenticated, None);
     };
-    let allowed = match state.run_spec(&run_id).await {
-        Ok(spec) => spec.and_then(|s| s.tools.clone()),
+    let tools = match state.callable_tools(&run_id).await {
+        Ok(tools) => tools,
         Err(e) => {
             tracing::warn!(code = e.code.as_str(), cause = %e.cause, "MCP tools/list failed");
             return Reply::Error(RpcError::Internal, None);
         }
     };
-    let policy = state.policy.get();
-    let mut tools: Vec<_> = policy
-        .tools
-        .values()
-        .filter(|t| t.read_only)
-        .filter(|t| {
-            allowed
-                .as_ref()
-                .is_none_or(|a| a.iter().any(|n| t.name == n.as_str()))
-        })
-        .collect();
-    tools.sort_by(|a, b| a.name.cmp(&b.name));
     let tools: Vec<Value> = tools
         .into_iter()
         .map(|t| {

@@ -19,6 +19,8 @@ on_both_stores!(
     facts_in_completion_order,
     invocation_record_shape,
     failure_attribution,
+    tools_of_a_run,
+    percent_encoded_path_segments,
 );
 
 /// Runs: create, conflicts, validation, auth, get, end and cancel.
@@ -537,4 +539,163 @@ fn is_rfc3339_millis(s: &str) -> bool {
             23 => *c == b'Z',
             _ => c.is_ascii_digit(),
         })
+}
+
+/// `GET /v1/tools` (agent listener): the token's run's read-only tools, with their schemas; the
+/// same set as MCP `tools/list`.
+async fn tools_of_a_run(store_yaml: String) {
+    let env = Env::start(&store_yaml).await;
+    let sc = &env.sc;
+    let tools_of = |token: Option<String>| async move {
+        sc.send(
+            "GET",
+            format!("http://{}/v1/tools", sc.agent),
+            token.as_deref(),
+            &[],
+            "",
+        )
+        .await
+    };
+
+    // A run naming its tools: the read-only ones among them, sorted by name.
+    let run = env
+        .run(json!({"tools": ["search", "writer", "object"]}))
+        .await;
+    let r = tools_of(Some(run.token.clone())).await;
+    assert_eq!(r.status, 200, "{}", r.raw);
+    let keys: Vec<&String> = r.body.as_object().expect("object").keys().collect();
+    assert_eq!(keys, ["tools"]);
+    let tools = r.body["tools"].as_array().expect("tools");
+    let names: Vec<&str> = tools
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["object", "search"], "writer is not read-only");
+    for t in tools {
+        let keys: Vec<&String> = t.as_object().expect("tool").keys().collect();
+        assert_eq!(keys, ["name", "description", "input_schema"], "{t}");
+        assert!(t["description"].is_string(), "{t}");
+    }
+    assert_eq!(
+        tools[0]["input_schema"],
+        json!({"type": "object"}),
+        "no schema configured"
+    );
+    assert_eq!(
+        tools[1]["input_schema"],
+        json!({"type": "object", "required": ["q"], "properties": {"q": {"type": "string", "maxLength": 512}}})
+    );
+
+    // A run without a tools list: every read-only tool, exactly MCP tools/list's names.
+    let open = env.run(json!({})).await;
+    let r = tools_of(Some(open.token.clone())).await;
+    assert_eq!(r.status, 200, "{}", r.raw);
+    let listed: Vec<Value> = r.body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["name"].clone())
+        .collect();
+    let mcp = sc
+        .send(
+            "POST",
+            format!("http://{}/mcp", sc.agent),
+            Some(&open.token),
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+            ],
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string(),
+        )
+        .await;
+    assert_eq!(mcp.status, 200, "{}", mcp.raw);
+    let mcp_names: Vec<Value> = mcp.body["result"]["tools"]
+        .as_array()
+        .expect("MCP tools")
+        .iter()
+        .map(|t| t["name"].clone())
+        .collect();
+    assert!(listed.len() > 2, "{listed:?}");
+    assert_eq!(listed, mcp_names);
+    assert!(!listed.contains(&json!("writer")));
+
+    // No token, or a forged one: 401 with the error body.
+    for token in [None, Some(format!("{}.AAAA", run.id))] {
+        let r = tools_of(token).await;
+        assert_error(&r, 401, "UNAUTHENTICATED", None);
+    }
+    // Only GET.
+    let r = sc
+        .send(
+            "POST",
+            format!("http://{}/v1/tools", sc.agent),
+            Some(&run.token),
+            &[],
+            "{}",
+        )
+        .await;
+    assert_error(&r, 404, "NOT_FOUND", None);
+}
+
+/// Ids and tool names in a path are percent-decoded once: `%3A` is `:`, and an encoded
+/// character that is not allowed in an id is still refused.
+async fn percent_encoded_path_segments(store_yaml: String) {
+    let env = Env::start(&store_yaml).await;
+    let sc = &env.sc;
+    let run = env.run(json!({})).await;
+    let id = "functions.search:0";
+
+    // Intercept with an encoded tool name.
+    let r = sc
+        .send(
+            "POST",
+            format!("http://{}/tools/se%61rch", sc.agent),
+            Some(&run.token),
+            &[("x-run-id", run.id.as_str()), ("x-tool-call-id", id)],
+            r#"{"q": "redis"}"#,
+        )
+        .await;
+    assert_ready(&r, id, "EVIDENCE_FOUND");
+
+    // The record of an id with a `:`, by its encoded and its plain form.
+    let encoded_run: String = run.id.replace('-', "%2D");
+    for path in [
+        format!("/v1/runs/{}/invocations/functions.search%3A0", run.id),
+        format!("/v1/runs/{encoded_run}/invocations/functions%2Esearch%3a0"),
+        format!("/v1/runs/{}/invocations/{id}", run.id),
+    ] {
+        let r = sc.admin("GET", &path, None).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.raw);
+        assert_eq!(r.body["tool_call_id"], id, "{path}");
+    }
+    let r = sc
+        .admin("GET", &format!("/v1/runs/{encoded_run}/facts"), None)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(r.body["facts"][0]["tool_call_id"], id);
+
+    // Decoded once only, and then checked: `%253A` is `%3A`, `%2F` a slash, `%FF` not UTF-8.
+    for bad in ["functions.search%253A0", "a%2Fb", "a%FF", "a%20b"] {
+        let r = sc
+            .admin(
+                "GET",
+                &format!("/v1/runs/{}/invocations/{bad}", run.id),
+                None,
+            )
+            .await;
+        assert_admin_error(&r, 400, "INVALID_INPUT");
+    }
+    let r = sc
+        .send(
+            "POST",
+            format!("http://{}/tools/se%2Farch", sc.agent),
+            Some(&run.token),
+            &[
+                ("x-run-id", run.id.as_str()),
+                ("x-tool-call-id", "call-pct-1"),
+            ],
+            r#"{"q": "redis"}"#,
+        )
+        .await;
+    assert_error(&r, 404, "UNKNOWN_TOOL", Some("call-pct-1"));
 }
