@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test fuzz build k8s monitoring e2e soak schemathesis bench-quick
+CI_STEPS := deps lint fmt clippy test fuzz build sdk-python k8s monitoring e2e soak schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -44,6 +44,11 @@ fuzz:
 
 build:
 	cargo build --locked --bin toolgate --example fake_tool --example redis_cluster
+
+# The Python SDK (clients/python): ruff, mypy --strict and pytest against the real sidecar, with
+# the framework releases pinned in clients/python/requirements-test.txt (scripts/sdk-python.sh).
+sdk-python: build
+	scripts/sdk-python.sh
 
 k8s: build
 	scripts/k8s-check.sh
