@@ -39,7 +39,7 @@ venv() {
     fi
     # --no-deps: every dependency is pinned in the requirements file, and pip check proves it.
     "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-        --no-build-isolation --force-reinstall "./$PKG[$extras]"
+        --no-build-isolation --force-reinstall "./${PKG}[${extras}]"
     "$dir/bin/python" -m pip check
 }
 
