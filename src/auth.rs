@@ -1,6 +1,7 @@
-//! Tokens: the admin token and run tokens (`<run_id>.<mac>`), all checked in constant time.
+//! Tokens: the admin token and run tokens (`<run_id>.<mac>`), all checked in constant time;
+//! and the evidence keys, which derive from the run-token key.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -11,6 +12,7 @@ use ring::rand::SystemRandom;
 use subtle::ConstantTimeEq;
 
 use crate::config::{AdminConfig, ConfigError, MAX_SECRET_FILE_BYTES, read_file, read_text_file};
+use crate::evidence::{KeyFiles, Keys};
 use crate::ids::{RunId, RunMap};
 
 /// Verifies admin tokens and issues/verifies run tokens.
@@ -22,6 +24,10 @@ pub struct Tokens {
     /// The MAC each recently seen run's token must carry, so a run's later calls compare against
     /// it instead of computing it again. Bounded by [`MACS_KEPT`].
     macs: Mutex<RunMap<hmac::Tag>>,
+    /// The run-token key's bytes, for the evidence keys derived from it.
+    run_key_bytes: zeroize::Zeroizing<Vec<u8>>,
+    /// The seal key and the signing key of evidence.
+    pub evidence: Arc<Keys>,
 }
 
 /// How many runs' MACs are kept; when full, the table is emptied and fills again as calls come.
@@ -40,20 +46,32 @@ impl Tokens {
         let compare_key = hmac::Key::generate(hmac::HMAC_SHA256, &SystemRandom::new())
             .map_err(|_| ConfigError("no system randomness".into()))?;
         let admin_tag = hmac::sign(&compare_key, admin_token.as_bytes());
-        let run_key = match token_key {
-            Some(k) => hmac::Key::new(hmac::HMAC_SHA256, k),
+        let run_key_bytes = zeroize::Zeroizing::new(match token_key {
+            Some(k) => k.to_vec(),
             None => {
                 let derive = hmac::Key::new(hmac::HMAC_SHA256, admin_token.as_bytes());
-                let derived = hmac::sign(&derive, b"toolgate run token key v1");
-                hmac::Key::new(hmac::HMAC_SHA256, derived.as_ref())
+                hmac::sign(&derive, b"toolgate run token key v1")
+                    .as_ref()
+                    .to_vec()
             }
-        };
+        });
+        let run_key = hmac::Key::new(hmac::HMAC_SHA256, &run_key_bytes);
+        let evidence = Arc::new(Keys::new(&run_key_bytes, &KeyFiles::none()));
         Ok(Tokens {
             compare_key,
             admin_tag,
             run_key,
             macs: Mutex::default(),
+            run_key_bytes,
+            evidence,
         })
+    }
+
+    /// The same tokens, with the evidence key files of the config (a signing key file, the
+    /// previous public keys, the issuer) in place of the defaults.
+    pub fn with_evidence(mut self, files: &KeyFiles) -> Tokens {
+        self.evidence = Arc::new(Keys::new(&self.run_key_bytes, files));
+        self
     }
 
     /// Whether the request carries the admin token.

@@ -169,6 +169,25 @@ async fn walk_through(c: &DemoClient, telemetry: SocketAddr) -> Result<(), Strin
     println!(
         "\n6. The harness ends the run; its facts are the READY records, in order:\n   -> {facts}"
     );
+    let (_, bundle) = c
+        .admin("GET", &format!("/v1/runs/{run_id}/evidence"), None)
+        .await?;
+    let (_, jwks) = c.admin("GET", "/.well-known/jwks.json", None).await?;
+    let dir = std::env::temp_dir().join(format!("toolgate-demo-{}", std::process::id()));
+    let write = |name: &str, value: &Value| {
+        let path = dir.join(name);
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, value.to_string()))
+            .map(|()| path)
+            .map_err(|e| format!("cannot write {name}: {e}"))
+    };
+    let bundle_file = write("bundle.json", &bundle)?;
+    let jwks_file = write("jwks.json", &jwks)?;
+    println!(
+        "\n7. The facts, signed (Ed25519): anyone with the public key checks them offline.\n   -> {bundle}\n   toolgate verify --bundle {} --jwks {}",
+        bundle_file.display(),
+        jwks_file.display()
+    );
     Ok(())
 }
 

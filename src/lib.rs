@@ -5,7 +5,7 @@
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
 //! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`otel`], [`config`],
-//! [`auth`], [`error`], [`ids`], [`clock`], [`body`], [`compact`], [`wake`] and [`workers`] below them.
+//! [`auth`], [`evidence`], [`error`], [`ids`], [`clock`], [`body`], [`compact`], [`wake`] and [`workers`] below them.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
 //! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
@@ -14,6 +14,7 @@
 //! - [`otel`]: the OpenTelemetry tracer and its OTLP export, off the call path
 //! - [`config`]: the config file, its validation and hot reload
 //! - [`auth`]: admin and run tokens
+//! - [`evidence`]: record seals, the signing key, bundles and their offline check
 //! - [`error`]: the one error type: code, HTTP status, layer, fixed message
 //! - [`ids`]: run ids, tool-call ids and tool names, validated once
 //! - [`clock`]: the one clock
@@ -35,6 +36,7 @@ pub mod compact;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod evidence;
 pub mod ids;
 pub mod injector;
 pub mod listen;

@@ -61,6 +61,18 @@ enum Command {
     },
     /// A self-contained walk-through on the memory store, then keeps serving.
     Demo,
+    /// Check an evidence bundle offline against a JWK Set (and, with --records, the records).
+    Verify {
+        /// The bundle: the body of `GET /v1/runs/{run_id}/evidence`.
+        #[arg(long)]
+        bundle: PathBuf,
+        /// The JWK Set: the body of `GET /.well-known/jwks.json`.
+        #[arg(long)]
+        jwks: PathBuf,
+        /// A directory of invocation bodies, `<tool_call_id>.json`, to check the digests against.
+        #[arg(long)]
+        records: Option<PathBuf>,
+    },
     /// The Kubernetes admission webhook that injects the sidecar.
     Injector {
         /// Address to serve HTTPS on.
@@ -79,6 +91,10 @@ enum Command {
         /// Secret holding the admin token (key `token`).
         #[arg(long)]
         admin_secret: String,
+        /// Secret holding the evidence signing key, mounted read-only at
+        /// /var/run/secrets/toolgate/evidence.
+        #[arg(long)]
+        evidence_secret: Option<String>,
     },
 }
 
@@ -96,7 +112,14 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Check { config } => match Config::load(&config) {
+        Command::Verify {
+            bundle,
+            jwks,
+            records,
+        } => verify(&bundle, &jwks, records.as_deref()),
+        Command::Check { config } => match Config::load(&config)
+            .and_then(|c| toolgate::evidence::KeyFiles::load(&c.evidence).map(|_| c))
+        {
             Ok(_) => {
                 println!("{}: ok", config.display());
                 ExitCode::SUCCESS
@@ -117,6 +140,7 @@ fn main() -> ExitCode {
             image,
             config_map,
             admin_secret,
+            evidence_secret,
         } => {
             init_logs();
             let args = InjectorArgs {
@@ -127,6 +151,7 @@ fn main() -> ExitCode {
                     image,
                     config_map,
                     admin_secret,
+                    evidence_secret,
                 },
             };
             let Some(rt) = runtime() else {
@@ -143,6 +168,28 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `toolgate verify`: exit 0 and `valid: …`, or exit 1 and the first failure, on one line.
+fn verify(
+    bundle: &std::path::Path,
+    jwks: &std::path::Path,
+    records: Option<&std::path::Path>,
+) -> ExitCode {
+    use toolgate::evidence::jws;
+    let checked = jws::read(bundle)
+        .and_then(|b| Ok((b, jws::read(jwks)?)))
+        .and_then(|(b, k)| jws::verify(&b, &k, records));
+    match checked {
+        Ok(v) => {
+            println!("valid: run {}, {} facts, key {}", v.run_id, v.facts, v.kid);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("invalid: {e}");
+            ExitCode::FAILURE
         }
     }
 }
@@ -172,7 +219,8 @@ fn serve(path: PathBuf) -> ExitCode {
     };
     let tokens = auth::admin_token(&config.admin).and_then(|admin| {
         let key = auth::token_key(&config.admin)?;
-        Tokens::new(&admin, key.as_deref())
+        let files = toolgate::evidence::KeyFiles::load(&config.evidence)?;
+        Ok(Tokens::new(&admin, key.as_deref())?.with_evidence(&files))
     });
     let tokens = match tokens {
         Ok(t) => t,

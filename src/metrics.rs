@@ -230,6 +230,7 @@ pub struct Metrics {
     spans_dropped: Family<DropLabels, Counter>,
     spans_exported: Counter,
     export_errors: Counter,
+    evidence_tampered: Counter,
     attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
 }
 
@@ -257,6 +258,7 @@ impl Metrics {
         let spans_dropped = Family::<DropLabels, Counter>::default();
         let spans_exported = Counter::default();
         let export_errors = Counter::default();
+        let evidence_tampered = Counter::default();
         registry.register(
             "toolgate_invocations",
             "Calls that reached the tool stage, by final status and evidence status",
@@ -332,6 +334,11 @@ impl Metrics {
             "OTLP export requests that failed or timed out",
             export_errors.clone(),
         );
+        registry.register(
+            "toolgate_evidence_tampered",
+            "Records of a run's progress that failed their seal when its facts were read",
+            evidence_tampered.clone(),
+        );
         for reason in [SpanDrop::QueueFull, SpanDrop::ExportFailed] {
             let _ = spans_dropped.get_or_create(&DropLabels { reason });
         }
@@ -366,6 +373,7 @@ impl Metrics {
             spans_dropped,
             spans_exported,
             export_errors,
+            evidence_tampered,
             attribution: Mutex::new(BTreeMap::new()),
         }
     }
@@ -504,6 +512,10 @@ impl Metrics {
     /// An export request that failed or timed out.
     pub fn export_error(&self) {
         self.export_errors.inc();
+    }
+
+    pub fn evidence_tampered(&self, n: u64) {
+        self.evidence_tampered.inc_by(n);
     }
 
     pub fn config_reload(&self, result: ReloadResult) {

@@ -16,6 +16,7 @@
 #![no_main]
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
@@ -26,8 +27,10 @@ use toolgate::config::RunPaths;
 use toolgate::error::{Code, Error, SizeStage};
 use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
+use toolgate::evidence::Sealer;
 use toolgate::store::{
-    Budget, Close, Evidence, Finalized, NewRun, Record, RunState, RunView, Status, Store,
+    Budget, Close, Evidence, FinalBody, Finalized, NewRun, Record, RunState, RunView, Status,
+    Store,
 };
 
 const RUNS: &[&str] = &["r1", "r2", "r3"];
@@ -201,6 +204,17 @@ fn stripped(r: &Record) -> Record {
         error_code: Some(Code::ResultTooLarge(SizeStage::Record).into()),
         ..r.clone()
     }
+}
+
+/// The fuzzed store's seal key.
+fn sealer() -> Arc<Sealer> {
+    Arc::new(Sealer::derive(b"the memory store fuzz target's key"))
+}
+
+/// `r` as the store writes it: with its digests and seal, read back.
+fn sealed(r: &Record) -> Record {
+    let body = FinalBody::new(r, u64::MAX, &sealer()).expect("a final record");
+    Record::from_json(&body.text).expect("readable")
 }
 
 fn final_record(base: &Record, how: Final, raw: usize, now: u64) -> Record {
@@ -425,12 +439,12 @@ async fn drive(store: &MemoryStore, m: &mut Model, ops: &[Op]) {
                     assert_eq!(code(&got), Some(Code::RecordExpired), "step {step}: {op:?}");
                     continue;
                 };
-                let full = record.to_json().expect("serializable");
-                let small = stripped(&record);
+                let full = sealed(&record).to_json().expect("serializable");
+                let small = sealed(&stripped(&record));
                 let (body, replaced) = if full.len() as u64 > *record_bytes {
                     (small.clone(), Some(SizeStage::Record))
                 } else {
-                    (record.clone(), None)
+                    (sealed(&record), None)
                 };
                 let size = body.to_json().expect("serializable").len() as u64;
                 let (written, want) =
@@ -550,7 +564,7 @@ fn run(data: &[u8]) -> Result<()> {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let store = MemoryStore::bounded(ttl, max_bytes);
+        let store = MemoryStore::bounded(ttl, max_bytes, sealer());
         let mut model = Model {
             ttl,
             bounded: max_bytes != u64::MAX,

@@ -58,7 +58,12 @@ impl State {
     /// Opens the store and the upstream client for `config`.
     pub async fn new(config: &Config, tokens: Tokens) -> Result<State> {
         let metrics = Arc::new(Metrics::new());
-        let store = store::open(&config.store, metrics.clone()).await?;
+        let store = store::open(
+            &config.store,
+            metrics.clone(),
+            tokens.evidence.sealer.clone(),
+        )
+        .await?;
         let upstream = Upstream::new().map_err(Error::internal)?;
         let otel = match &config.otel {
             None => None,
@@ -118,6 +123,20 @@ impl State {
             .collect();
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(tools)
+    }
+
+    /// Logs and counts the records that failed their seal when `facts` were read.
+    pub fn report_tampered(&self, facts: &store::Facts) {
+        for id in &facts.tampered_ids {
+            tracing::error!(
+                run_id = %facts.run_id,
+                tool_call_id = %id,
+                "a record failed its seal: it was changed in the store, or not written by toolgate; it is not a fact"
+            );
+        }
+        if facts.tampered > 0 {
+            self.metrics.evidence_tampered(facts.tampered);
+        }
     }
 
     /// `/readyz`: not draining, and the store answers within its timeout.

@@ -48,6 +48,17 @@ struct RawConfig {
     #[serde(default)]
     paths: RawPaths,
     otel: Option<RawOtel>,
+    #[serde(default)]
+    evidence: RawEvidence,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvidence {
+    signing_key_file: Option<PathBuf>,
+    #[serde(default)]
+    previous_public_keys: Vec<PathBuf>,
+    issuer: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -173,6 +184,28 @@ pub struct Config {
     pub policy: Arc<Policy>,
     /// `None`: no `otel` key (or `OTEL_SDK_DISABLED=true`), so no tracing at all.
     pub otel: Option<OtelConfig>,
+    pub evidence: EvidenceConfig,
+}
+
+/// `evidence`: the files of the key that signs bundles, and the statements' issuer. The files
+/// are read and checked by `evidence::KeyFiles::load`, not here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvidenceConfig {
+    /// `TOOLGATE_EVIDENCE_KEY_FILE`, else `evidence.signing_key_file`; `None`: the key is
+    /// derived from the run-token key.
+    pub signing_key_file: Option<PathBuf>,
+    pub previous_public_keys: Vec<PathBuf>,
+    pub issuer: String,
+}
+
+impl Default for EvidenceConfig {
+    fn default() -> EvidenceConfig {
+        EvidenceConfig {
+            signing_key_file: None,
+            previous_public_keys: Vec::new(),
+            issuer: "toolgate".into(),
+        }
+    }
 }
 
 /// `otel`: where and how the spans of tool calls are exported (OTLP/HTTP protobuf).
@@ -558,8 +591,8 @@ impl Config {
         raw.validate(env)
     }
 
-    /// Whether a reload from `self` to `next` is allowed: listeners, admin, store and otel need
-    /// a restart.
+    /// Whether a reload from `self` to `next` is allowed: listeners, admin, store, otel and
+    /// evidence need a restart.
     pub fn restart_needed(&self, next: &Config) -> Option<&'static str> {
         if self.listen != next.listen {
             Some("listen")
@@ -569,6 +602,8 @@ impl Config {
             Some("store")
         } else if self.otel != next.otel {
             Some("otel")
+        } else if self.evidence != next.evidence {
+            Some("evidence")
         } else {
             None
         }
@@ -703,11 +738,26 @@ impl RawConfig {
             None => None,
             Some(raw) => raw.validate(env)?,
         };
+        let evidence = EvidenceConfig {
+            signing_key_file: env("TOOLGATE_EVIDENCE_KEY_FILE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+                .or(self.evidence.signing_key_file),
+            previous_public_keys: self.evidence.previous_public_keys,
+            issuer: match self.evidence.issuer {
+                None => EvidenceConfig::default().issuer,
+                Some(i) if i.trim().is_empty() || i.chars().any(char::is_control) => {
+                    return Err(bad("evidence.issuer", "must be a non-empty line of text"));
+                }
+                Some(i) => i,
+            },
+        };
         Ok(Config {
             listen,
             admin,
             store,
             otel,
+            evidence,
             policy: Arc::new(Policy {
                 limits,
                 runs,

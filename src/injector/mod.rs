@@ -50,6 +50,9 @@ pub struct InjectorSettings {
     pub config_map: String,
     /// Secret whose key `token` becomes `TOOLGATE_ADMIN_TOKEN`.
     pub admin_secret: String,
+    /// Secret holding the evidence signing key, mounted read-only into the sidecar at
+    /// [`pod::EVIDENCE_MOUNT_PATH`]; none: no evidence volume.
+    pub evidence_secret: Option<String>,
 }
 
 impl InjectorSettings {
@@ -63,9 +66,13 @@ impl InjectorSettings {
             });
         }
         for (name, value) in [
-            ("config-map", &self.config_map),
-            ("admin-secret", &self.admin_secret),
+            ("config-map", Some(&self.config_map)),
+            ("admin-secret", Some(&self.admin_secret)),
+            ("evidence-secret", self.evidence_secret.as_ref()),
         ] {
+            let Some(value) = value else {
+                continue;
+            };
             if !is_dns_subdomain(value) {
                 return Err(InjectorError::Settings {
                     name,
@@ -292,8 +299,30 @@ mod tests {
             image: "ghcr.io/example/toolgate:1.0".to_owned(),
             config_map: "toolgate".to_owned(),
             admin_secret: "toolgate-admin".to_owned(),
+            evidence_secret: None,
         };
         assert!(good.validate().is_ok());
+        let with_evidence = InjectorSettings {
+            evidence_secret: Some("toolgate-evidence".to_owned()),
+            ..good.clone()
+        };
+        assert!(with_evidence.validate().is_ok());
+        for bad in ["", "Toolgate_Evidence", "-evidence"] {
+            let bad_evidence = InjectorSettings {
+                evidence_secret: Some(bad.to_owned()),
+                ..good.clone()
+            };
+            assert!(
+                matches!(
+                    bad_evidence.validate(),
+                    Err(InjectorError::Settings {
+                        name: "evidence-secret",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
         let bad_image = InjectorSettings {
             image: String::new(),
             ..good.clone()
@@ -326,6 +355,7 @@ mod tests {
             image: "toolgate:test".to_owned(),
             config_map: "toolgate".to_owned(),
             admin_secret: "toolgate-admin".to_owned(),
+            evidence_secret: None,
         }
     }
 

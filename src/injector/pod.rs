@@ -1,6 +1,7 @@
 //! The shape of the injected sidecar: its container (image, ports, probes, security context,
-//! admin token, config volume) and the names the webhook and the chart agree on. The ports are
-//! the sidecar's own listener defaults, taken from the config module, not written twice.
+//! admin token, config and evidence volume mounts) and the names the webhook and the chart agree
+//! on. The ports are the sidecar's own listener defaults, taken from the config module, not
+//! written twice.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +21,11 @@ pub const CONTAINER_NAME: &str = "toolgate";
 pub const CONFIG_VOLUME: &str = "toolgate-config";
 /// Where the config volume is mounted in the sidecar.
 pub const CONFIG_MOUNT_PATH: &str = "/etc/toolgate";
+/// Name of the injected evidence Secret volume (with `--evidence-secret`).
+pub const EVIDENCE_VOLUME: &str = "toolgate-evidence";
+/// Where the evidence Secret is mounted in the sidecar; the chart's `evidence.signing_key_file`
+/// names a file in it.
+pub const EVIDENCE_MOUNT_PATH: &str = "/var/run/secrets/toolgate/evidence";
 /// Sidecar CPU request unless the pod overrides it.
 pub const DEFAULT_CPU_REQUEST: &str = "50m";
 /// Sidecar memory request and limit unless the pod overrides it.
@@ -102,12 +108,7 @@ pub fn sidecar(settings: &InjectorSettings, cpu: &str, memory: &str, native: boo
             }),
             ..EnvVar::default()
         }]),
-        volume_mounts: Some(vec![VolumeMount {
-            name: CONFIG_VOLUME.to_owned(),
-            mount_path: CONFIG_MOUNT_PATH.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(volume_mounts(settings)),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_owned(), Quantity(cpu.to_owned())),
@@ -121,4 +122,20 @@ pub fn sidecar(settings: &InjectorSettings, cpu: &str, memory: &str, native: boo
         }),
         ..Container::default()
     }
+}
+
+/// The config volume, and the evidence Secret when there is one; both read-only.
+fn volume_mounts(settings: &InjectorSettings) -> Vec<VolumeMount> {
+    let read_only = |name: &str, path: &str| VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let mut mounts = Vec::with_capacity(2);
+    mounts.push(read_only(CONFIG_VOLUME, CONFIG_MOUNT_PATH));
+    if settings.evidence_secret.is_some() {
+        mounts.push(read_only(EVIDENCE_VOLUME, EVIDENCE_MOUNT_PATH));
+    }
+    mounts
 }

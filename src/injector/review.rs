@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hyper::StatusCode;
-use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, Pod, Volume};
+use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, Pod, SecretVolumeSource, Volume};
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::{DynamicObject, Status};
 use serde::{Deserialize as _, Serialize};
@@ -15,7 +15,9 @@ use serde_json::{Map, Value, json};
 use tracing::{debug, info, warn};
 
 use super::InjectorSettings;
-use super::pod::{self, CONFIG_VOLUME, CONTAINER_NAME, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY};
+use super::pod::{
+    self, CONFIG_VOLUME, CONTAINER_NAME, DEFAULT_CPU_REQUEST, DEFAULT_MEMORY, EVIDENCE_VOLUME,
+};
 
 /// Opt-in annotation: only pods carrying it with the value `"true"` are injected.
 pub const ANNOTATION_INJECT: &str = "toolgate.dev/inject";
@@ -193,15 +195,17 @@ fn plan(pod: &Pod, raw: &Value, settings: &InjectorSettings) -> Verdict {
     if has_sidecar {
         return Verdict::Allow("pod already has a toolgate container");
     }
-    if spec
-        .volumes
-        .iter()
-        .flatten()
-        .any(|v| v.name == CONFIG_VOLUME)
-    {
-        return Verdict::Deny(format!(
-            "pod already has a volume named {CONFIG_VOLUME}; toolgate cannot be injected"
-        ));
+    // The evidence volume's name is only taken when there is an evidence Secret to mount.
+    let evidence_secret = settings.evidence_secret.as_deref();
+    let taken = [CONFIG_VOLUME]
+        .into_iter()
+        .chain(evidence_secret.map(|_| EVIDENCE_VOLUME));
+    for name in taken {
+        if spec.volumes.iter().flatten().any(|v| v.name == name) {
+            return Verdict::Deny(format!(
+                "pod already has a volume named {name}; toolgate cannot be injected"
+            ));
+        }
     }
 
     let cpu = annotation(ANNOTATION_CPU).unwrap_or(DEFAULT_CPU_REQUEST);
@@ -224,17 +228,32 @@ fn plan(pod: &Pod, raw: &Value, settings: &InjectorSettings) -> Verdict {
     let native = annotation(ANNOTATION_NATIVE_SIDECAR) != Some("false");
 
     let container = pod::sidecar(settings, cpu, memory, native);
-    let volume = Volume {
+    let mut volumes = Vec::with_capacity(2);
+    volumes.push(Volume {
         name: CONFIG_VOLUME.to_owned(),
         config_map: Some(ConfigMapVolumeSource {
             name: config_map.to_owned(),
             ..ConfigMapVolumeSource::default()
         }),
         ..Volume::default()
-    };
-    let (container, volume) = match (
+    });
+    if let Some(secret) = evidence_secret {
+        // Not optional: a pod without the Secret must not start and sign with a derived key.
+        volumes.push(Volume {
+            name: EVIDENCE_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    let (container, volumes) = match (
         serde_json::to_value(container),
-        serde_json::to_value(volume),
+        volumes
+            .into_iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>(),
     ) {
         (Ok(c), Ok(v)) => (c, v),
         (Err(e), _) | (_, Err(e)) => return Verdict::Internal(e.to_string()),
@@ -246,7 +265,8 @@ fn plan(pod: &Pod, raw: &Value, settings: &InjectorSettings) -> Verdict {
             .and_then(|s| s.get(field))
             .is_some_and(Value::is_array)
     };
-    let mut ops = Vec::with_capacity(3);
+    // The sidecar, one op per volume (or one creating `/spec/volumes`), the annotation.
+    let mut ops = Vec::with_capacity(2 + volumes.len());
     ops.push(if native {
         // Index 0: the sidecar must start before the pod's own init containers.
         insert(
@@ -258,7 +278,7 @@ fn plan(pod: &Pod, raw: &Value, settings: &InjectorSettings) -> Verdict {
     } else {
         insert(is_array("containers"), "/spec/containers", "-", container)
     });
-    ops.push(insert(is_array("volumes"), "/spec/volumes", "-", volume));
+    ops.extend(append_all(is_array("volumes"), "/spec/volumes", volumes));
     // The inject annotation is present, so `metadata.annotations` exists in the raw object.
     ops.push(add(
         format!(
@@ -277,6 +297,20 @@ fn insert(exists: bool, array: &str, position: &str, item: Value) -> Value {
         add(format!("{array}/{position}"), item)
     } else {
         add(array.to_owned(), Value::Array(vec![item]))
+    }
+}
+
+/// Appends `items`, in order, to the array at `array`: one `add` per item at `-` when the array
+/// exists, else a single `add` creating it with all of them (a second `add` of the whole array
+/// would replace the first).
+fn append_all(exists: bool, array: &str, items: Vec<Value>) -> Vec<Value> {
+    if exists {
+        items
+            .into_iter()
+            .map(|item| add(format!("{array}/-"), item))
+            .collect()
+    } else {
+        vec![add(array.to_owned(), Value::Array(items))]
     }
 }
 
@@ -409,7 +443,213 @@ pub fn is_dns_subdomain(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pod::EVIDENCE_MOUNT_PATH;
     use super::*;
+
+    fn settings(evidence_secret: Option<&str>) -> InjectorSettings {
+        InjectorSettings {
+            image: "toolgate:test".to_owned(),
+            config_map: "toolgate".to_owned(),
+            admin_secret: "toolgate-admin".to_owned(),
+            evidence_secret: evidence_secret.map(str::to_owned),
+        }
+    }
+
+    /// A CREATE review of a pod annotated for injection, with these volumes (`None`: no
+    /// `volumes` field at all).
+    fn pod_review(volumes: Option<Value>, native: bool) -> Value {
+        let mut annotations = json!({ ANNOTATION_INJECT: "true" });
+        if !native {
+            annotations[ANNOTATION_NATIVE_SIDECAR] = json!("false");
+        }
+        let mut spec = json!({
+            "containers": [{
+                "name": "agent",
+                "image": "agent:1",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+        });
+        if let Some(volumes) = volumes {
+            spec["volumes"] = volumes;
+        }
+        json!({
+            "apiVersion": ADMISSION_API_VERSION,
+            "kind": ADMISSION_KIND,
+            "request": {
+                "uid": "0b9c7b8e-6f57-4c1e-9d55-1c0f3e1a2b3c",
+                "operation": "CREATE",
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "agent", "namespace": "agents", "annotations": annotations},
+                    "spec": spec,
+                },
+            },
+        })
+    }
+
+    fn response(review_doc: &Value, settings: &InjectorSettings) -> Value {
+        let (status, body) = review(review_doc.to_string().as_bytes(), settings);
+        assert_eq!(status, StatusCode::OK);
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        body["response"].clone()
+    }
+
+    /// The patch's operations, and the pod they make.
+    fn patched(review_doc: &Value, settings: &InjectorSettings) -> (Vec<Value>, Value) {
+        let response = response(review_doc, settings);
+        assert_eq!(response["allowed"], true, "{response}");
+        let ops = BASE64.decode(response["patch"].as_str().unwrap()).unwrap();
+        let ops: Vec<Value> = serde_json::from_slice(&ops).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.clone())).unwrap();
+        let mut pod = review_doc["request"]["object"].clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        Pod::deserialize(&pod).expect("still a Pod");
+        (ops, pod)
+    }
+
+    fn paths(ops: &[Value]) -> Vec<&str> {
+        ops.iter().map(|op| op["path"].as_str().unwrap()).collect()
+    }
+
+    fn sidecar(pod: &Value, native: bool) -> &Value {
+        let list = if native {
+            "initContainers"
+        } else {
+            "containers"
+        };
+        pod["spec"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == CONTAINER_NAME)
+            .expect("a toolgate container")
+    }
+
+    const DATA_VOLUME: &str = "data";
+
+    fn data_volume() -> Value {
+        json!([{"name": DATA_VOLUME, "emptyDir": {}}])
+    }
+
+    #[test]
+    fn evidence_secret_is_mounted_read_only_into_the_sidecar_alone() {
+        let with = settings(Some("toolgate-evidence-2026"));
+        for native in [true, false] {
+            for volumes in [Some(data_volume()), None] {
+                let had_volumes = volumes.is_some();
+                let doc = pod_review(volumes, native);
+                let (ops, pod) = patched(&doc, &with);
+                let volumes = pod["spec"]["volumes"].as_array().unwrap();
+                let tail = &volumes[volumes.len() - 2..];
+                assert_eq!(
+                    tail,
+                    [
+                        json!({"name": CONFIG_VOLUME, "configMap": {"name": "toolgate"}}),
+                        json!({
+                            "name": EVIDENCE_VOLUME,
+                            "secret": {"secretName": "toolgate-evidence-2026"},
+                        }),
+                    ]
+                );
+                assert_eq!(volumes.len(), if had_volumes { 3 } else { 2 });
+                assert_eq!(
+                    sidecar(&pod, native)["volumeMounts"],
+                    json!([
+                        {"name": CONFIG_VOLUME, "mountPath": "/etc/toolgate", "readOnly": true},
+                        {"name": EVIDENCE_VOLUME, "mountPath": EVIDENCE_MOUNT_PATH, "readOnly": true},
+                    ])
+                );
+                // The agent container keeps its own mounts and gets no evidence mount.
+                let agent = &pod["spec"]["containers"][0];
+                assert_eq!(agent["name"], "agent");
+                assert_eq!(
+                    agent["volumeMounts"],
+                    doc["request"]["object"]["spec"]["containers"][0]["volumeMounts"]
+                );
+                let container_path = if native {
+                    "/spec/initContainers"
+                } else {
+                    "/spec/containers/-"
+                };
+                let injected = "/metadata/annotations/toolgate.dev~1injected";
+                let want: Vec<&str> = if had_volumes {
+                    vec![
+                        container_path,
+                        "/spec/volumes/-",
+                        "/spec/volumes/-",
+                        injected,
+                    ]
+                } else {
+                    vec![container_path, "/spec/volumes", injected]
+                };
+                assert_eq!(paths(&ops), want);
+            }
+        }
+    }
+
+    #[test]
+    fn no_evidence_volume_without_the_setting() {
+        let without = settings(None);
+        for volumes in [Some(data_volume()), None] {
+            let (ops, pod) = patched(&pod_review(volumes, true), &without);
+            assert_eq!(ops.len(), 3, "{ops:?}");
+            let volumes = pod["spec"]["volumes"].as_array().unwrap();
+            assert!(volumes.iter().all(|v| v["name"] != EVIDENCE_VOLUME));
+            assert_eq!(volumes.last().unwrap()["name"], CONFIG_VOLUME);
+            let mounts = &sidecar(&pod, true)["volumeMounts"];
+            assert_eq!(
+                mounts,
+                &json!([{"name": CONFIG_VOLUME, "mountPath": "/etc/toolgate", "readOnly": true}])
+            );
+            assert!(!pod.to_string().contains(EVIDENCE_MOUNT_PATH));
+        }
+    }
+
+    #[test]
+    fn pod_with_its_own_evidence_volume_is_refused() {
+        let volumes = json!([
+            {"name": DATA_VOLUME, "emptyDir": {}},
+            {"name": EVIDENCE_VOLUME, "secret": {"secretName": "theirs"}},
+        ]);
+        let doc = pod_review(Some(volumes), true);
+        let response = response(&doc, &settings(Some("toolgate-evidence")));
+        assert_eq!(response["allowed"], false, "{response}");
+        assert!(response.get("patch").is_none());
+        assert_eq!(response["status"]["code"], 400);
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("already has a volume named toolgate-evidence"),
+            "{message}"
+        );
+        // Without an evidence Secret the name is not the injector's: the pod is injected and
+        // keeps its volume.
+        let (_, pod) = patched(&doc, &settings(None));
+        let theirs: Vec<_> = pod["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v["name"] == EVIDENCE_VOLUME)
+            .collect();
+        assert_eq!(
+            theirs,
+            [&json!({"name": EVIDENCE_VOLUME, "secret": {"secretName": "theirs"}})]
+        );
+    }
+
+    #[test]
+    fn pod_with_its_own_config_volume_is_still_refused() {
+        let volumes = json!([{"name": CONFIG_VOLUME, "emptyDir": {}}]);
+        for evidence in [None, Some("toolgate-evidence")] {
+            let response = response(
+                &pod_review(Some(volumes.clone()), true),
+                &settings(evidence),
+            );
+            assert_eq!(response["allowed"], false, "{response}");
+            let message = response["status"]["message"].as_str().unwrap();
+            assert!(message.contains(CONFIG_VOLUME), "{message}");
+        }
+    }
 
     #[test]
     fn quantities() {

@@ -27,6 +27,10 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http:
     if req.method() == Method::GET && req.uri().path() == "/openapi.json" {
         return http::bytes(StatusCode::OK, openapi().to_vec());
     }
+    // The public keys that check evidence bundles: public by nature.
+    if req.method() == Method::GET && req.uri().path() == JWKS_PATH {
+        return http::bytes(StatusCode::OK, state.tokens.evidence.jwks().to_vec());
+    }
     if !state.tokens.is_admin(req.headers()) {
         return http::error(Code::Unauthenticated, None);
     }
@@ -77,6 +81,9 @@ async fn route(state: &State, req: Request<Incoming>) -> Result<(StatusCode, Val
         }
         (Method::GET, ["v1", "runs", run, "facts"]) => {
             Ok((StatusCode::OK, facts(state, &run_id(run)?).await?))
+        }
+        (Method::GET, ["v1", "runs", run, "evidence"]) => {
+            Ok((StatusCode::OK, evidence(state, &run_id(run)?).await?))
         }
         (Method::GET, ["v1", "runs", run, "invocations", id]) => {
             let run = run_id(run)?;
@@ -196,13 +203,53 @@ async fn close(state: &State, run_id: &RunId, how: Close) -> Result<RunView> {
         .ok_or(Error::new(Code::NotFound))
 }
 
-async fn facts(state: &State, run_id: &RunId) -> Result<Value> {
+/// Where both the admin and the telemetry listener serve the JWK Set.
+pub const JWKS_PATH: &str = "/.well-known/jwks.json";
+
+/// The run's facts, their seals checked; the tampered records logged and counted.
+async fn checked_facts(state: &State, run_id: &RunId) -> Result<store::Facts> {
     let entries = state
         .store
         .progress(run_id)
         .await?
         .ok_or(Error::new(Code::NotFound))?;
-    serde_json::to_value(store::facts(run_id, entries)).map_err(Error::internal)
+    let facts = store::facts(run_id, entries, &state.tokens.evidence.sealer);
+    state.report_tampered(&facts);
+    Ok(facts)
+}
+
+async fn facts(state: &State, run_id: &RunId) -> Result<Value> {
+    serde_json::to_value(checked_facts(state, run_id).await?).map_err(Error::internal)
+}
+
+/// `GET /v1/runs/{run_id}/evidence`: the facts of this moment, as a signed statement.
+async fn evidence(state: &State, run_id: &RunId) -> Result<Value> {
+    let run = get_run(state, run_id).await?;
+    let facts = checked_facts(state, run_id).await?;
+    let keys = &state.tokens.evidence;
+    let statement = json!({
+        "typ": crate::evidence::jws::TYP_STATEMENT,
+        "iss": keys.issuer(),
+        "run_id": run_id.as_str(),
+        "state": run.state.as_str(),
+        "issued_at": clock::rfc3339(clock::now_ms()),
+        "facts": facts.facts.iter().enumerate().map(|(i, f)| json!({
+            "seq": i + 1,
+            "tool_call_id": f.tool_call_id,
+            "tool": f.tool,
+            "evidence_status": f.evidence_status,
+            "result": f.result,
+            "request_sha256": f.request_sha256,
+            "raw_sha256": f.raw_sha256,
+            "result_sha256": f.result_sha256,
+            "created_at": f.created_at,
+            "updated_at": f.updated_at,
+        })).collect::<Vec<_>>(),
+        "excluded": facts.excluded,
+        "tampered": facts.tampered,
+    });
+    let payload = serde_json::to_vec(&statement).map_err(Error::internal)?;
+    serde_json::from_slice(&keys.sign(&payload)).map_err(Error::internal)
 }
 
 fn run_json(run: &RunView) -> Value {

@@ -1,5 +1,6 @@
-//! The telemetry listener: `/metrics` for Prometheus, `/healthz` and `/readyz` for the kubelet.
-//! No auth, and nothing here reveals a run, a record or a payload.
+//! The telemetry listener: `/metrics` for Prometheus, `/healthz` and `/readyz` for the kubelet,
+//! and the evidence keys' JWK Set. No auth, and nothing here reveals a run, a record or a
+//! payload.
 
 use std::sync::Arc;
 
@@ -21,6 +22,9 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<http:
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
         (&Method::GET, "/healthz") => http::text(StatusCode::OK, "ok\n", TEXT),
+        (&Method::GET, super::admin::JWKS_PATH) => {
+            http::bytes(StatusCode::OK, state.tokens.evidence.jwks().to_vec())
+        }
         (&Method::GET, "/readyz") => {
             if state.ready().await {
                 http::text(StatusCode::OK, "ready\n", TEXT)

@@ -26,6 +26,7 @@ use super::{
 };
 use crate::clock;
 use crate::error::{Code, Error, SizeStage};
+use crate::evidence::Sealer;
 use crate::ids::{RunId, ToolCallId};
 
 /// Instants of the one clock, in epoch milliseconds.
@@ -37,6 +38,8 @@ pub struct MemoryStore {
     /// A reservation that would take the store past this many bytes fails closed.
     max_bytes: u64,
     inner: Arc<Mutex<Inner>>,
+    /// Seals every final record.
+    sealer: Arc<Sealer>,
     /// The thread of [`MemoryStore::expire_in_background`], which ends with the store.
     expiry_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -246,19 +249,20 @@ impl<T> Expiring<T> {
 
 impl MemoryStore {
     /// A store without a byte bound (tests, the demo).
-    pub fn new(record_ttl_ms: u64) -> MemoryStore {
-        MemoryStore::bounded(record_ttl_ms, u64::MAX)
+    pub fn new(record_ttl_ms: u64, sealer: Arc<Sealer>) -> MemoryStore {
+        MemoryStore::bounded(record_ttl_ms, u64::MAX, sealer)
     }
 
     /// A store that holds at most about `max_bytes` of runs and records: a reservation that
     /// would go past it fails closed with `STORE_UNAVAILABLE`; nothing is ever evicted early.
     /// Due keys leave memory once [`MemoryStore::expire_in_background`] runs (or when the
     /// store is full).
-    pub fn bounded(record_ttl_ms: u64, max_bytes: u64) -> MemoryStore {
+    pub fn bounded(record_ttl_ms: u64, max_bytes: u64, sealer: Arc<Sealer>) -> MemoryStore {
         MemoryStore {
             record_ttl_ms,
             max_bytes,
             inner: Arc::default(),
+            sealer,
             expiry_thread: None,
         }
     }
@@ -290,6 +294,38 @@ impl MemoryStore {
     }
 
     /// The bytes held now, by the store's estimate.
+    /// The text a record is held as. With [`MemoryStore::put_raw_record`], for tests that play
+    /// someone who can write to the store's memory: nothing else reads or writes around the
+    /// store's rules.
+    #[doc(hidden)]
+    pub fn raw_record(&self, run_id: &RunId, id: &str) -> Option<String> {
+        let id = ToolCallId::parse(id)?;
+        let now = clock::now_ms();
+        let mut inner = self.lock();
+        inner.record(run_id, &id, now).map(|e| e.value.json.clone())
+    }
+
+    /// Replaces the text of an existing final record, keeping its expiry (see
+    /// [`MemoryStore::raw_record`]).
+    #[doc(hidden)]
+    pub fn put_raw_record(&self, run_id: &RunId, id: &str, json: String) {
+        let Some(id) = ToolCallId::parse(id) else {
+            return;
+        };
+        let now = clock::now_ms();
+        let mut inner = self.lock();
+        let key = (run_id.clone(), id);
+        let at = inner.records.locate(&key);
+        let Some(expires_at) = inner.record_at(at, &key, now).map(|e| e.expires_at) else {
+            return;
+        };
+        let value = StoredRecord {
+            json,
+            projecting: false,
+        };
+        inner.put_record(at, key, Expiring { value, expires_at });
+    }
+
     pub fn bytes(&self) -> u64 {
         self.lock().bytes
     }
@@ -595,7 +631,7 @@ impl Store for MemoryStore {
 
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
-            let body = FinalBody::new(record, record_bytes)?;
+            let body = FinalBody::new(record, record_bytes, &self.sealer)?;
             let now = clock::now_ms();
             let mut inner = self.lock();
             let key = (record.run_id.clone(), record.tool_call_id.clone());
@@ -688,6 +724,10 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sealer() -> Arc<Sealer> {
+        Arc::new(Sealer::derive(b"the memory store tests' run-token key"))
+    }
     use crate::ids::ToolName;
     use crate::store::Budget;
     use serde_json::json;
@@ -760,7 +800,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn calls_leave_due_keys_to_expiry_which_drops_a_bounded_batch() {
-        let store = MemoryStore::new(1_000);
+        let store = MemoryStore::new(1_000, sealer());
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 1000).await;
         let ids: Vec<ToolCallId> = (0..200)
@@ -802,7 +842,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn expired_keys_are_freed_after_the_lock_is_released() {
-        let store = MemoryStore::new(1_000);
+        let store = MemoryStore::new(1_000, sealer());
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
         reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
@@ -837,7 +877,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn expired_keys_leave_memory_without_any_operation() {
-        let store = MemoryStore::new(1_000).expire_in_background().unwrap();
+        let store = MemoryStore::new(1_000, sealer())
+            .expire_in_background()
+            .unwrap();
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 10).await;
         reserve_each(&store, &run_id, now, &["a", "b", "c"]).await;
@@ -854,7 +896,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_expiry_thread_works_through_a_backlog_and_ends_with_the_store() {
-        let mut store = MemoryStore::new(1_000).expire_in_background().unwrap();
+        let mut store = MemoryStore::new(1_000, sealer())
+            .expire_in_background()
+            .unwrap();
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 1000).await;
         let ids: Vec<String> = (0..10 * EXPIRE_PER_BATCH)
@@ -872,7 +916,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_store_fails_closed_and_frees_space_on_expiry() {
-        let store = MemoryStore::bounded(1_000, 4_000);
+        let store = MemoryStore::bounded(1_000, 4_000, sealer());
         let now = clock::now_ms();
         let run_id = create_run(&store, now, 1000).await;
         let record = |id: &str| {

@@ -17,6 +17,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::evidence::Sealer;
+
 pub use keys::Keys;
 pub use record::{
     Evidence, Fact, Facts, FinalBody, Finalized, ProgressEntry, Record, Status, check_final,
@@ -115,14 +117,18 @@ pub trait Observer: Send + Sync + 'static {
 }
 
 /// Opens the configured backend, every operation timed and reported to `observer`.
-pub async fn open(config: &StoreConfig, observer: Arc<dyn Observer>) -> Result<Arc<dyn Store>> {
+pub async fn open(
+    config: &StoreConfig,
+    observer: Arc<dyn Observer>,
+    sealer: Arc<Sealer>,
+) -> Result<Arc<dyn Store>> {
     let inner: Box<dyn Store> = match config.kind {
         StoreKind::Memory => Box::new(
-            memory::MemoryStore::bounded(config.record_ttl_ms, config.memory_max_bytes)
+            memory::MemoryStore::bounded(config.record_ttl_ms, config.memory_max_bytes, sealer)
                 .expire_in_background()
                 .map_err(|e| Error::internal(format!("cannot start the expiry thread: {e}")))?,
         ),
-        StoreKind::RedisCluster => Box::new(redis::RedisStore::connect(config).await?),
+        StoreKind::RedisCluster => Box::new(redis::RedisStore::connect(config, sealer).await?),
     };
     Ok(Arc::new(Timed { inner, observer }))
 }

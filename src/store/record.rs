@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::clock;
 use crate::error::{CodeName, Error, Result, SizeStage};
+use crate::evidence::{SealInput, Sealer, sha256_hex};
 use crate::ids::{RunId, ToolCallId, ToolName};
 
 /// Whether a result holds evidence. `Error` only appears on ERROR records.
@@ -72,6 +73,18 @@ pub struct Record {
     pub created_at: String,
     pub updated_at: String,
     pub duration_ms: Option<u64>,
+    /// Lowercase hex SHA-256 of the compact text of `request`, `raw_response` and
+    /// `agent_result` as they stand in the record (`None` where the part is null), and the seal
+    /// over them: set when the store finalizes the record, `None` while PROJECTING. Records
+    /// written before evidence existed lack them (and are never facts).
+    #[serde(default)]
+    pub request_sha256: Option<String>,
+    #[serde(default)]
+    pub raw_sha256: Option<String>,
+    #[serde(default)]
+    pub result_sha256: Option<String>,
+    #[serde(default)]
+    pub seal: Option<String>,
     /// The raw response as compact JSON, when the call path kept the tool's text instead of
     /// serializing a tree again: written in place of `raw_response` (which the call path then
     /// leaves null). A record read back has `None` here and `raw_response` parsed.
@@ -116,6 +129,10 @@ impl Record {
             created_at: at.clone(),
             updated_at: at,
             duration_ms: None,
+            request_sha256: None,
+            raw_sha256: None,
+            result_sha256: None,
+            seal: None,
             raw_json: None,
             agent_json: None,
             request_json: None,
@@ -144,9 +161,10 @@ impl Record {
         kept.get(REQUEST.len()..*end)
     }
 
-    /// The compact JSON form whose byte length every size limit counts.
+    /// The compact JSON form whose byte length every size limit counts, with the digests and
+    /// seal the record holds (none while PROJECTING).
     pub fn to_json(&self) -> Result<String> {
-        Ok(self.write_json()?.0)
+        Ok(self.write_json(None)?.0)
     }
 
     pub fn from_json(s: &str) -> Result<Record> {
@@ -155,11 +173,13 @@ impl Record {
 
     /// The compact JSON of this record, and where in it lie the fields that its stripped form
     /// replaces. Written field by field, in the order and form of the derived `Serialize`, so
-    /// that the raw response can be spliced in as it was kept.
-    fn write_json(&self) -> Result<(String, Marks)> {
+    /// that the raw response can be spliced in as it was kept. With a sealer, the digests are
+    /// taken from the parts' texts as just written (nothing is serialized twice) and the record
+    /// is sealed; without one, the digests and seal are written as the record holds them.
+    fn write_json(&self, sealer: Option<&Sealer>) -> Result<(String, Marks)> {
         let raw_len = self.raw_json.as_ref().map_or(0, String::len)
             + self.agent_json.as_ref().map_or(0, String::len);
-        let mut out = String::with_capacity(512 + raw_len);
+        let mut out = String::with_capacity(768 + raw_len);
         // A tree not kept as text (the input of a record made without `keep_request_json`, a
         // raw response or result of a record read back) is serialized here and checked as
         // UTF-8 on its own; the texts kept are appended as they are. A call's records keep
@@ -180,42 +200,178 @@ impl Record {
             self.evidence_status.map(Evidence::as_str),
         );
         let request = w.out.len();
-        match &self.request_json {
-            Some((kept, _)) => w.out.push_str(kept),
+        let agent_input = match &self.request_json {
+            Some((kept, end)) => {
+                w.out.push_str(kept);
+                request + end
+            }
             None => {
                 w.value(REQUEST, &self.request)?;
+                let at = w.out.len();
                 w.value(AGENT_INPUT, &self.agent_input)?;
+                at
             }
-        }
+        };
         let raw_response = w.out.len();
         match &self.raw_json {
             Some(raw) => {
-                w.out.push_str(",\"raw_response\":");
+                w.out.push_str(RAW_RESPONSE);
                 w.out.push_str(raw);
             }
-            None => w.value(",\"raw_response\":", &self.raw_response)?,
+            None => w.value(RAW_RESPONSE, &self.raw_response)?,
         }
+        let agent_result = w.out.len();
         match &self.agent_json {
             Some(result) => {
-                w.out.push_str(",\"agent_result\":");
+                w.out.push_str(AGENT_RESULT);
                 w.out.push_str(result);
             }
-            None => w.value(",\"agent_result\":", &self.agent_result)?,
+            None => w.value(AGENT_RESULT, &self.agent_result)?,
         }
+        let error_code = w.out.len();
         w.text(",\"error_code\":", self.error_code.map(CodeName::as_str));
         let upstream_status = w.out.len();
         w.number(",\"upstream_status\":", self.upstream_status.map(u64::from));
         w.text(",\"created_at\":", Some(&self.created_at));
         w.text(",\"updated_at\":", Some(&self.updated_at));
         w.number(",\"duration_ms\":", self.duration_ms);
-        out.push('}');
-        let marks = Marks {
+        let digests = w.out.len();
+        let mut marks = Marks {
             status,
             request,
             raw_response,
             upstream_status,
+            digests,
+            fallback_tail: None,
         };
+        match sealer {
+            None => write_digests(
+                &mut out,
+                [
+                    self.request_sha256.as_deref(),
+                    self.raw_sha256.as_deref(),
+                    self.result_sha256.as_deref(),
+                ],
+                self.seal.as_deref(),
+            ),
+            Some(sealer) => {
+                let part =
+                    |from: usize, name: &str, to: usize| digest_of(&out[from + name.len()..to]);
+                let request_sha256 = part(request, REQUEST, agent_input);
+                let raw_sha256 = part(raw_response, RAW_RESPONSE, agent_result);
+                let result_sha256 = part(agent_result, AGENT_RESULT, error_code);
+                let input = SealInput {
+                    run_id: self.run_id.as_str(),
+                    tool_call_id: self.tool_call_id.as_str(),
+                    tool: self.tool.as_str(),
+                    status: self.status.as_str(),
+                    evidence_status: self.evidence_status.map_or("null", Evidence::as_str),
+                    request_sha256: request_sha256.as_deref(),
+                    raw_sha256: raw_sha256.as_deref(),
+                    result_sha256: result_sha256.as_deref(),
+                };
+                let seal = sealer.seal(&input);
+                // The stripped ERROR/RESULT_TOO_LARGE form keeps the request and drops the rest.
+                let stripped = SealInput {
+                    status: Status::Error.as_str(),
+                    evidence_status: Evidence::Error.as_str(),
+                    raw_sha256: None,
+                    result_sha256: None,
+                    ..input
+                };
+                let mut tail = String::with_capacity(192);
+                write_digests(
+                    &mut tail,
+                    [request_sha256.as_deref(), None, None],
+                    Some(&sealer.seal(&stripped)),
+                );
+                marks.fallback_tail = Some(tail);
+                write_digests(
+                    &mut out,
+                    [
+                        request_sha256.as_deref(),
+                        raw_sha256.as_deref(),
+                        result_sha256.as_deref(),
+                    ],
+                    Some(&seal),
+                );
+            }
+        }
         Ok((out, marks))
+    }
+
+    /// The seal input of this record as read back, its digests recomputed from its parts (the
+    /// stored texts are compact JSON as serde writes it, so serializing the parsed parts gives
+    /// them back byte for byte). The ids are the ones the record was read under.
+    fn recomputed<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        tool_call_id: &'a ToolCallId,
+        digests: &'a [Option<String>; 3],
+    ) -> SealInput<'a> {
+        SealInput {
+            run_id: run_id.as_str(),
+            tool_call_id: tool_call_id.as_str(),
+            tool: self.tool.as_str(),
+            status: self.status.as_str(),
+            evidence_status: self.evidence_status.map_or("null", Evidence::as_str),
+            request_sha256: digests[0].as_deref(),
+            raw_sha256: digests[1].as_deref(),
+            result_sha256: digests[2].as_deref(),
+        }
+    }
+
+    /// Whether this record, read under `run_id` and `tool_call_id`, is what toolgate sealed:
+    /// its digests match its parts and its seal matches them (in constant time).
+    pub fn seal_holds(&self, run_id: &RunId, tool_call_id: &ToolCallId, sealer: &Sealer) -> bool {
+        let Some(seal) = &self.seal else {
+            return false;
+        };
+        let digests = [&self.request, &self.raw_response, &self.agent_result]
+            .map(|part| serde_json::to_string(part).ok().and_then(|t| digest_of(&t)));
+        let stored = [&self.request_sha256, &self.raw_sha256, &self.result_sha256];
+        if digests.iter().zip(stored).any(|(d, s)| d != s) {
+            return false;
+        }
+        sealer.check(&self.recomputed(run_id, tool_call_id, &digests), seal)
+    }
+}
+
+const RAW_RESPONSE: &str = ",\"raw_response\":";
+const AGENT_RESULT: &str = ",\"agent_result\":";
+
+/// The digest of a part's compact text; `None` for `null`.
+fn digest_of(text: &str) -> Option<String> {
+    (text != "null").then(|| sha256_hex(text.as_bytes()))
+}
+
+/// `,"request_sha256":…,"raw_sha256":…,"result_sha256":…,"seal":…}`: the end of a record.
+fn write_digests(out: &mut String, digests: [Option<&str>; 3], seal: Option<&str>) {
+    for (name, value) in [
+        ",\"request_sha256\":",
+        ",\"raw_sha256\":",
+        ",\"result_sha256\":",
+    ]
+    .into_iter()
+    .zip(digests)
+    {
+        out.push_str(name);
+        push_opt(out, value);
+    }
+    out.push_str(",\"seal\":");
+    push_opt(out, seal);
+    out.push('}');
+}
+
+/// A hex string or `null` (hex needs no escaping).
+fn push_opt(out: &mut String, value: Option<&str>) {
+    match value {
+        Some(v) => {
+            out.push('"');
+            out.push_str(v);
+            out.push('"');
+        }
+        None => out.push_str("null"),
     }
 }
 
@@ -223,13 +379,17 @@ const REQUEST: &str = ",\"request\":";
 const AGENT_INPUT: &str = ",\"agent_input\":";
 
 /// Where, in a record's JSON, the fields that its stripped form replaces begin: the byte offset
-/// of the `,"name":` before `status`, `request`, `raw_response` and `upstream_status`.
-#[derive(Debug, Clone, Copy)]
+/// of the `,"name":` before `status`, `request`, `raw_response`, `upstream_status` and
+/// `request_sha256`; and, for a sealed record, the stripped form's own digests and seal, which
+/// end it.
+#[derive(Debug, Clone)]
 struct Marks {
     status: usize,
     request: usize,
     raw_response: usize,
     upstream_status: usize,
+    digests: usize,
+    fallback_tail: Option<String>,
 }
 
 /// What a stripped record has in place of its `status` and `evidence_status`.
@@ -242,21 +402,28 @@ pub const STRIPPED_RESULT: &str =
 /// response or agent result: spliced from `full`, so nothing is serialized again and the
 /// large parts are not copied. The Redis finalize script splices the same way, from the same
 /// marks ([`FinalBody::fallback_marks`]).
-fn stripped(full: &str, m: Marks) -> String {
+fn stripped(full: &str, m: &Marks) -> String {
+    let tail = m.fallback_tail.as_deref().unwrap_or(UNSEALED_TAIL);
     let mut out = String::with_capacity(
         m.status
             + STRIPPED_STATE.len()
             + (m.raw_response - m.request)
             + STRIPPED_RESULT.len()
-            + (full.len() - m.upstream_status),
+            + (m.digests - m.upstream_status)
+            + tail.len(),
     );
     out.push_str(&full[..m.status]);
     out.push_str(STRIPPED_STATE);
     out.push_str(&full[m.request..m.raw_response]);
     out.push_str(STRIPPED_RESULT);
-    out.push_str(&full[m.upstream_status..]);
+    out.push_str(&full[m.upstream_status..m.digests]);
+    out.push_str(tail);
     out
 }
+
+/// The end of a stripped record that was never sealed (only tests build one).
+const UNSEALED_TAIL: &str =
+    r#","request_sha256":null,"raw_sha256":null,"result_sha256":null,"seal":null}"#;
 
 /// Where [`Record::write_json`] writes: the text, and a buffer to serialize a tree in. Each
 /// entry is `name` (with the punctuation before the value) and the value as compact JSON, as
@@ -364,12 +531,13 @@ pub struct FinalBody {
 }
 
 impl FinalBody {
-    pub fn new(record: &Record, record_bytes: u64) -> Result<FinalBody> {
+    /// The sealed body of a final record (see [`Record::write_json`]).
+    pub fn new(record: &Record, record_bytes: u64, sealer: &Sealer) -> Result<FinalBody> {
         check_final(record)?;
-        let (full, marks) = record.write_json()?;
+        let (full, marks) = record.write_json(Some(sealer))?;
         Ok(if full.len() as u64 > record_bytes {
             FinalBody {
-                text: stripped(&full, marks),
+                text: stripped(&full, &marks),
                 replaced: Some(SizeStage::Record),
                 marks: None,
             }
@@ -398,24 +566,30 @@ impl FinalBody {
     /// The fallback written when the run's byte budget cannot take the body: the record
     /// stripped of its raw response and result.
     pub fn run_fallback(&self) -> String {
-        match self.marks {
+        match &self.marks {
             Some(marks) => stripped(&self.text, marks),
             None => self.text.clone(),
         }
     }
 
-    /// The byte offsets [`stripped`] splices `text` at, as four decimal numbers separated by
-    /// spaces (the `,` before `status`, `request`, `raw_response` and `upstream_status`);
-    /// empty when `text` is stripped already and is its own fallback.
+    /// The byte offsets [`stripped`] splices `text` at, as five decimal numbers separated by
+    /// spaces (the `,` before `status`, `request`, `raw_response`, `upstream_status` and
+    /// `request_sha256`); empty when `text` is stripped already and is its own fallback.
     pub fn fallback_marks(&self) -> String {
-        let Some(m) = self.marks else {
+        let Some(m) = &self.marks else {
             return String::new();
         };
-        let mut out = String::with_capacity(4 * 6);
+        let mut out = String::with_capacity(5 * 6);
         let mut n = itoa::Buffer::new();
-        for (i, at) in [m.status, m.request, m.raw_response, m.upstream_status]
-            .into_iter()
-            .enumerate()
+        for (i, at) in [
+            m.status,
+            m.request,
+            m.raw_response,
+            m.upstream_status,
+            m.digests,
+        ]
+        .into_iter()
+        .enumerate()
         {
             if i > 0 {
                 out.push(' ');
@@ -423,6 +597,15 @@ impl FinalBody {
             out.push_str(n.format(at));
         }
         out
+    }
+
+    /// What the stripped fallback ends with in place of the full record's digests and seal:
+    /// its own (empty when `text` is stripped already).
+    pub fn fallback_tail(&self) -> &str {
+        self.marks
+            .as_ref()
+            .and_then(|m| m.fallback_tail.as_deref())
+            .unwrap_or("")
     }
 }
 
@@ -436,6 +619,17 @@ pub struct Fact {
     pub tool: ToolName,
     pub evidence_status: Evidence,
     pub result: Value,
+    /// What a signed statement adds to a fact: the record's digests and times.
+    #[serde(skip)]
+    pub request_sha256: Option<String>,
+    #[serde(skip)]
+    pub raw_sha256: Option<String>,
+    #[serde(skip)]
+    pub result_sha256: Option<String>,
+    #[serde(skip)]
+    pub created_at: String,
+    #[serde(skip)]
+    pub updated_at: String,
 }
 
 /// The facts projection of a run.
@@ -444,35 +638,56 @@ pub struct Facts {
     pub run_id: RunId,
     pub facts: Vec<Fact>,
     pub excluded: u64,
+    /// How many of the excluded failed their seal.
+    pub tampered: u64,
+    /// Their ids, for the log.
+    #[serde(skip)]
+    pub tampered_ids: Vec<ToolCallId>,
 }
 
-/// Keeps only the progress entries that exist, are READY and belong to this run.
-pub fn facts(run_id: &RunId, entries: Vec<ProgressEntry>) -> Facts {
+/// Keeps only the progress entries that exist, are READY, belong to this run and hold their
+/// seal. A record that exists but fails its seal (changed in the store, copied from another
+/// key, written without one) is excluded and counted as tampered; a missing record, an ERROR
+/// and a repeated id are only excluded.
+pub fn facts(run_id: &RunId, entries: Vec<ProgressEntry>, sealer: &Sealer) -> Facts {
     let mut out = Facts {
         run_id: run_id.clone(),
         facts: Vec::new(),
         excluded: 0,
+        tampered: 0,
+        tampered_ids: Vec::new(),
     };
+    let mut seen = std::collections::HashSet::new();
     for (id, record) in entries {
-        match record {
-            Some(Record {
-                status: Status::Ready,
-                evidence_status: Some(evidence),
-                run_id: owner,
-                tool_call_id,
-                tool,
-                agent_result,
-                ..
-            }) if owner == *run_id && tool_call_id == id => {
-                out.facts.push(Fact {
-                    tool_call_id,
-                    tool,
-                    evidence_status: evidence,
-                    result: agent_result,
-                });
-            }
-            _ => out.excluded += 1,
+        let Some(record) = record else {
+            out.excluded += 1;
+            continue;
+        };
+        if !record.seal_holds(run_id, &id, sealer) {
+            out.excluded += 1;
+            out.tampered += 1;
+            out.tampered_ids.push(id);
+            continue;
         }
+        let (Status::Ready, Some(evidence)) = (record.status, record.evidence_status) else {
+            out.excluded += 1;
+            continue;
+        };
+        if !seen.insert(id.clone()) {
+            out.excluded += 1;
+            continue;
+        }
+        out.facts.push(Fact {
+            tool_call_id: id,
+            tool: record.tool,
+            evidence_status: evidence,
+            result: record.agent_result,
+            request_sha256: record.request_sha256,
+            raw_sha256: record.raw_sha256,
+            result_sha256: record.result_sha256,
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+        });
     }
     out
 }
@@ -489,6 +704,15 @@ mod tests {
             ToolCallId::parse(id).unwrap(),
             ToolName::parse("search").unwrap(),
         )
+    }
+
+    fn sealer() -> Sealer {
+        Sealer::derive(b"the record tests' run-token key")
+    }
+
+    /// A record as the store would hold it once finalized: sealed, read back.
+    fn sealed(r: &Record) -> Record {
+        Record::from_json(&FinalBody::new(r, u64::MAX, &sealer()).unwrap().text).unwrap()
     }
 
     fn ready(run: &str, id: &str) -> Record {
@@ -543,12 +767,12 @@ mod tests {
             );
             assert_eq!(kept.to_json().unwrap(), r.to_json().unwrap());
             assert_eq!(kept.to_json().unwrap(), serde_json::to_string(&r).unwrap());
-            let (full, marks) = kept.write_json().unwrap();
-            let (want, want_marks) = r.write_json().unwrap();
+            let (full, marks) = kept.write_json(None).unwrap();
+            let (want, want_marks) = r.write_json(None).unwrap();
             assert_eq!(full, want);
             assert_eq!(
-                super::stripped(&full, marks),
-                super::stripped(&want, want_marks)
+                super::stripped(&full, &marks),
+                super::stripped(&want, &want_marks)
             );
         }
     }
@@ -582,12 +806,27 @@ mod tests {
         };
         let want = serde_json::to_string(&stripped).unwrap();
         let strip = |r: &Record| {
-            let (full, marks) = r.write_json().unwrap();
-            super::stripped(&full, marks)
+            let (full, marks) = r.write_json(None).unwrap();
+            super::stripped(&full, &marks)
         };
         assert_eq!(strip(&r), want);
         assert_eq!(strip(&spliced), want);
-        assert_eq!(FinalBody::new(&r, u64::MAX).unwrap().run_fallback(), want);
+        // Sealed, the fallback is the stripped record with its own digests and seal.
+        let body = FinalBody::new(&r, u64::MAX, &sealer()).unwrap();
+        let fallback = Record::from_json(&body.run_fallback()).unwrap();
+        assert!(fallback.seal_holds(&fallback.run_id, &fallback.tool_call_id, &sealer()));
+        let unsealed = Record {
+            request_sha256: None,
+            raw_sha256: None,
+            result_sha256: None,
+            seal: None,
+            ..fallback.clone()
+        };
+        assert_eq!(serde_json::to_string(&unsealed).unwrap(), want);
+        assert_eq!(
+            body.run_fallback(),
+            serde_json::to_string(&fallback).unwrap()
+        );
 
         // A tool error is stripped too: its code gives way to RESULT_TOO_LARGE.
         let failed = Record {
@@ -644,7 +883,7 @@ mod tests {
     fn oversized_record_is_replaced_by_a_stripped_error() {
         let mut r = ready("r", "c");
         r.raw_response = json!({"blob": "x".repeat(1000)});
-        let p = FinalBody::new(&r, 500).unwrap();
+        let p = FinalBody::new(&r, 500, &sealer()).unwrap();
         assert_eq!(p.written(), Finalized::TooLarge(SizeStage::Record));
         assert_eq!(
             p.fallback_marks(),
@@ -665,17 +904,111 @@ mod tests {
     fn facts_keep_only_ready_records_of_the_run() {
         let mut err = ready("r", "e");
         err.status = Status::Error;
+        err.evidence_status = Some(Evidence::Error);
+        err.agent_result = Value::Null;
+        err.error_code = Some(Code::ToolTimeout.into());
         let id = |s: &str| ToolCallId::parse(s).unwrap();
         let entries = vec![
-            (id("a"), Some(ready("r", "a"))),
+            (id("a"), Some(sealed(&ready("r", "a")))),
             (id("gone"), None),
-            (id("e"), Some(err)),
-            (id("f"), Some(ready("other", "f"))),
-            (id("b"), Some(ready("r", "b"))),
+            (id("e"), Some(sealed(&err))),
+            (id("f"), Some(sealed(&ready("other", "f")))),
+            (id("b"), Some(sealed(&ready("r", "b")))),
+            // A repeated id: excluded, though its record holds its seal.
+            (id("a"), Some(sealed(&ready("r", "a")))),
         ];
-        let f = facts(&RunId::parse("r").unwrap(), entries);
+        let f = facts(&RunId::parse("r").unwrap(), entries, &sealer());
         let ids: Vec<&str> = f.facts.iter().map(|f| f.tool_call_id.as_str()).collect();
         assert_eq!(ids, ["a", "b"]);
-        assert_eq!(f.excluded, 3);
+        assert_eq!(
+            (f.excluded, f.tampered),
+            (4, 1),
+            "another run's record fails its seal here"
+        );
+        assert_eq!(f.tampered_ids, [id("f")]);
+        let a = &f.facts[0];
+        assert_eq!(
+            a.request_sha256.as_deref(),
+            Some(sha256_hex(br#"{"q":"x"}"#).as_str())
+        );
+        assert_eq!(
+            a.result_sha256.as_deref(),
+            Some(sha256_hex(br#"{"item":1}"#).as_str())
+        );
+        assert_eq!(a.raw_sha256, None, "a null part has a null digest");
+    }
+
+    #[test]
+    fn a_final_record_is_sealed_over_its_stored_texts() {
+        let mut r = ready("r", "c");
+        let raw = r#"{"results":[{"t":"é\"","n":1.5}]}"#;
+        r.raw_json = Some(raw.to_string());
+        r.agent_json = Some(r#"{"item":1}"#.to_string());
+        r.agent_result = Value::Null;
+        r.keep_request_json().unwrap();
+        let text = FinalBody::new(&r, u64::MAX, &sealer()).unwrap().text;
+        let stored = Record::from_json(&text).unwrap();
+        assert_eq!(
+            stored.raw_sha256.as_deref(),
+            Some(sha256_hex(raw.as_bytes()).as_str())
+        );
+        assert_eq!(
+            stored.request_sha256.as_deref(),
+            Some(sha256_hex(br#"{"q":"x"}"#).as_str())
+        );
+        assert_eq!(
+            stored.result_sha256.as_deref(),
+            Some(sha256_hex(br#"{"item":1}"#).as_str())
+        );
+        assert!(text.ends_with(&format!(
+            r#","seal":"{}"}}"#,
+            stored.seal.as_deref().unwrap()
+        )));
+        // What is written is what the derived serialization of the read-back record gives.
+        assert_eq!(serde_json::to_string(&stored).unwrap(), text);
+        let (run, id) = (stored.run_id.clone(), stored.tool_call_id.clone());
+        assert!(stored.seal_holds(&run, &id, &sealer()));
+
+        // Every change to what the seal covers breaks it.
+        let other = RunId::parse("r2").unwrap();
+        assert!(
+            !stored.seal_holds(&other, &id, &sealer()),
+            "copied to another run"
+        );
+        assert!(!stored.seal_holds(&run, &ToolCallId::parse("c2").unwrap(), &sealer()));
+        let changes: [&dyn Fn(&mut Record); 8] = [
+            &|r| r.raw_response["results"][0]["n"] = json!(2),
+            &|r| r.agent_result = json!({"item": 2}),
+            &|r| r.request = json!({"q": "y"}),
+            &|r| r.status = Status::Error,
+            &|r| r.evidence_status = Some(Evidence::None),
+            &|r| r.tool = ToolName::parse("other").unwrap(),
+            &|r| r.seal = None,
+            &|r| r.raw_sha256 = Some(sha256_hex(b"x")),
+        ];
+        for change in changes {
+            let mut t = stored.clone();
+            change(&mut t);
+            assert!(!t.seal_holds(&run, &id, &sealer()), "{t:?}");
+        }
+        assert!(!stored.seal_holds(&run, &id, &Sealer::derive(b"another key")));
+    }
+
+    #[test]
+    fn a_stripped_record_carries_its_own_seal() {
+        let mut r = ready("r", "c");
+        r.raw_response = json!({"blob": "x".repeat(1000)});
+        let body = FinalBody::new(&r, 500, &sealer()).unwrap();
+        let stored = Record::from_json(&body.text).unwrap();
+        assert_eq!(stored.status, Status::Error);
+        assert_eq!(
+            (
+                stored.raw_sha256.as_deref(),
+                stored.result_sha256.as_deref()
+            ),
+            (None, None)
+        );
+        assert!(stored.seal_holds(&stored.run_id, &stored.tool_call_id, &sealer()));
+        assert_eq!(serde_json::to_string(&stored).unwrap(), body.text);
     }
 }

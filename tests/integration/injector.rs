@@ -32,6 +32,15 @@ fn settings() -> InjectorSettings {
         image: IMAGE.to_owned(),
         config_map: "toolgate".to_owned(),
         admin_secret: "toolgate-admin".to_owned(),
+        evidence_secret: None,
+    }
+}
+
+/// What the chart passes with `evidence.existingSecret` set: `--evidence-secret`.
+fn settings_with_evidence() -> InjectorSettings {
+    InjectorSettings {
+        evidence_secret: Some("toolgate-evidence-2026-12".to_owned()),
+        ..settings()
     }
 }
 
@@ -490,6 +499,121 @@ fn annotations_override_resources_and_config_map() {
 }
 
 #[test]
+fn evidence_secret_is_mounted_read_only_into_the_sidecar() {
+    let evidence_mount = json!({
+        "name": "toolgate-evidence",
+        "mountPath": "/var/run/secrets/toolgate/evidence",
+        "readOnly": true,
+    });
+    for (r, placement) in [
+        (inject_native(), Placement::Native),
+        (inject_native_bare(), Placement::Native),
+        (inject_regular(), Placement::Regular),
+    ] {
+        let name = r.name;
+        let (status, body) = review(&r.bytes(), &settings_with_evidence());
+        assert_eq!(status, StatusCode::OK, "{name}");
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        let patch = patch_of(&body["response"]);
+        let ops: Vec<String> = patch
+            .0
+            .iter()
+            .map(|op| match op {
+                json_patch::PatchOperation::Add(add) => add.path.to_string(),
+                other => panic!("{name}: unexpected op {other:?}"),
+            })
+            .collect();
+        let original = r.doc["request"]["object"].clone();
+        let volume_ops = if original["spec"].get("volumes").is_some() {
+            vec!["/spec/volumes/-", "/spec/volumes/-"]
+        } else {
+            vec!["/spec/volumes"]
+        };
+        assert_eq!(ops[1..ops.len() - 1], volume_ops, "{name}: {ops:?}");
+        let mut pod = original.clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        serde_json::from_value::<Pod>(pod.clone()).unwrap();
+
+        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        let original_volumes = original["spec"]["volumes"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        assert_eq!(volumes[..original_volumes.len()], original_volumes[..]);
+        assert_eq!(
+            volumes[original_volumes.len()..],
+            [
+                json!({"name": "toolgate-config", "configMap": {"name": "toolgate"}}),
+                json!({
+                    "name": "toolgate-evidence",
+                    "secret": {"secretName": "toolgate-evidence-2026-12"},
+                }),
+            ],
+            "{name}"
+        );
+        let (sidecar, others) = match placement {
+            Placement::Native => (
+                &pod["spec"]["initContainers"][0],
+                pod["spec"]["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .chain(pod["spec"]["initContainers"].as_array().unwrap()[1..].iter()),
+            ),
+            Placement::Regular => {
+                let containers = pod["spec"]["containers"].as_array().unwrap();
+                (
+                    containers.last().unwrap(),
+                    containers[..containers.len() - 1]
+                        .iter()
+                        .chain(pod["spec"]["initContainers"].as_array().unwrap()[..].iter()),
+                )
+            }
+        };
+        assert_eq!(sidecar["name"], "toolgate", "{name}");
+        assert_eq!(
+            sidecar["volumeMounts"],
+            json!([
+                {"name": "toolgate-config", "mountPath": "/etc/toolgate", "readOnly": true},
+                evidence_mount,
+            ]),
+            "{name}"
+        );
+        for container in others {
+            let mounts = container["volumeMounts"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice);
+            assert!(
+                mounts.iter().all(|m| m["name"] != "toolgate-evidence"),
+                "{name}: {} mounts the evidence key",
+                container["name"]
+            );
+        }
+    }
+}
+
+#[test]
+fn evidence_secret_refuses_a_pod_with_its_own_evidence_volume() {
+    let mut r = base("own_evidence_volume", 30);
+    r.pod_spec()["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "toolgate-evidence", "emptyDir": {}}));
+    let (status, body) = review(&r.bytes(), &settings_with_evidence());
+    assert_eq!(status, StatusCode::OK);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let response = &body["response"];
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(response.get("patch").is_none());
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("toolgate-evidence"),
+        "{response}"
+    );
+}
+
+#[test]
 fn injected_annotation_pointer_is_escaped() {
     let patch = patch_of(&answer(&inject_native()));
     let paths: Vec<String> = patch
@@ -799,6 +923,17 @@ async fn serve_refuses_bad_settings_and_tls_files() {
         serve(args(bad, "server.key"), async {}).await,
         Err(InjectorError::Settings {
             name: "config-map",
+            ..
+        })
+    ));
+    let bad_evidence = InjectorSettings {
+        evidence_secret: Some("Toolgate_Evidence".to_owned()),
+        ..settings()
+    };
+    assert!(matches!(
+        serve(args(bad_evidence, "server.key"), async {}).await,
+        Err(InjectorError::Settings {
+            name: "evidence-secret",
             ..
         })
     ));

@@ -16,6 +16,7 @@
 //! - [`reload`]: hot reload of the config file.
 //! - [`roles`]: parameter roles: paths and network targets (preflight step 9b).
 //! - [`drain`]: graceful shutdown.
+//! - [`evidence`]: the JWK Set, signed bundles checked offline, and records changed in the store.
 //! - [`hardening`]: hostile inputs and clients: JSON depth, request framing, connection caps.
 //! - [`store`]: the `Store` suite, against memory and Redis Cluster.
 //! - [`redis`]: what only a real Redis Cluster shows: key layout, outages, failover, resharding.
@@ -33,6 +34,7 @@ mod support;
 
 mod boundary;
 mod drain;
+mod evidence;
 mod execution;
 mod hardening;
 mod injector;

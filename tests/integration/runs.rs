@@ -317,8 +317,9 @@ async fn facts_in_completion_order(store_yaml: String) {
     let facts = env.facts(&run.id).await;
     let mut keys: Vec<&String> = facts.as_object().expect("object").keys().collect();
     keys.sort();
-    assert_eq!(keys, ["excluded", "facts", "run_id"]);
+    assert_eq!(keys, ["excluded", "facts", "run_id", "tampered"]);
     assert_eq!(facts["run_id"], run.id);
+    assert_eq!(facts["tampered"], 0);
     let ids: Vec<&str> = facts["facts"]
         .as_array()
         .expect("facts")
@@ -348,7 +349,7 @@ async fn facts_in_completion_order(store_yaml: String) {
     let other = env.run(json!({})).await;
     assert_eq!(
         env.facts(&other.id).await,
-        json!({"run_id": other.id, "facts": [], "excluded": 0})
+        json!({"run_id": other.id, "facts": [], "excluded": 0, "tampered": 0})
     );
 }
 
@@ -383,6 +384,10 @@ async fn invocation_record_shape(store_yaml: String) {
             "created_at",
             "updated_at",
             "duration_ms",
+            "request_sha256",
+            "raw_sha256",
+            "result_sha256",
+            "seal",
             "ttl_ms"
         ]
     );
@@ -425,7 +430,7 @@ async fn invocation_record_shape(store_yaml: String) {
     // An ERROR record has the same fields.
     env.call(&run, "call_err", "fail", json!({})).await;
     let rec = env.record_ok(&run.id, "call_err").await;
-    assert_eq!(rec.as_object().map(|o| o.len()), Some(16));
+    assert_eq!(rec.as_object().map(|o| o.len()), Some(20));
     assert_eq!(rec["request"], json!({}));
     assert!(is_rfc3339_millis(
         rec["updated_at"].as_str().expect("updated_at")

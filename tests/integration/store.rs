@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use toolgate::clock;
 use toolgate::config::{DEFAULT_MEMORY_MAX_BYTES, Durability, RunPaths, StoreConfig, StoreKind};
 use toolgate::error::{Code, CodeName, Result, SizeStage};
+use toolgate::evidence::Sealer;
 use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
 use toolgate::store::redis::RedisStore;
@@ -104,7 +105,7 @@ struct Memory;
 
 impl Harness for Memory {
     async fn store(&self, record_ttl_ms: u64) -> Arc<dyn Store> {
-        Arc::new(MemoryStore::new(record_ttl_ms))
+        Arc::new(MemoryStore::new(record_ttl_ms, sealer()))
     }
 
     async fn advance(&self, d: Duration) {
@@ -173,7 +174,19 @@ pub fn redis_config(
 }
 
 pub async fn connect(cfg: &StoreConfig) -> Arc<dyn Store> {
-    Arc::new(RedisStore::connect(cfg).await.expect("connect"))
+    Arc::new(RedisStore::connect(cfg, sealer()).await.expect("connect"))
+}
+
+/// `r` as the suite's stores write it when they finalize it: with its digests and seal, read
+/// back.
+pub fn finalized(r: &Record) -> Record {
+    let body = FinalBody::new(r, u64::MAX, &sealer()).expect("final body");
+    Record::from_json(&body.text).expect("record")
+}
+
+/// The seal key of the suite's stores: any run-token key does.
+pub fn sealer() -> Arc<Sealer> {
+    Arc::new(Sealer::derive(b"the store suite's run-token key"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -278,7 +291,7 @@ pub fn error(r: &Record, code: Code) -> Record {
 
 /// The bytes a finalize of `r` adds to the run when it fits.
 fn size_of(r: &Record, record_bytes: u64) -> u64 {
-    FinalBody::new(r, record_bytes)
+    FinalBody::new(r, record_bytes, &sealer())
         .expect("a valid final record")
         .size()
 }
@@ -586,7 +599,10 @@ async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
         code(store.reserve(&first, run.created_ms + 3).await),
         Code::DuplicateToolCall
     );
-    assert_eq!(record_of(&store, &first).await.expect("exists").0, done);
+    assert_eq!(
+        record_of(&store, &first).await.expect("exists").0,
+        finalized(&done)
+    );
     assert_eq!(progress_ids(&store, &run.run_id).await, ["call_dup"]);
     assert_eq!(run_of(&store, &run.run_id).await.calls_used, 1);
 }
@@ -747,15 +763,16 @@ async fn finalize_ready_and_error(h: &impl Harness) {
     );
     let (stored_a, _) = record_of(&store, &a).await.expect("a exists");
     assert_eq!(
-        stored_a, a_done,
+        stored_a,
+        finalized(&a_done),
         "the record reads back exactly, numbers included"
     );
     assert_eq!(
         stored_a.to_json().expect("json"),
-        a_done.to_json().expect("json")
+        finalized(&a_done).to_json().expect("json")
     );
     let (stored_b, _) = record_of(&store, &b).await.expect("b exists");
-    assert_eq!(stored_b, b_done);
+    assert_eq!(stored_b, finalized(&b_done));
     assert_eq!(
         progress_ids(&store, &run.run_id).await,
         ["call_b", "call_a"]
@@ -792,7 +809,10 @@ async fn finalizing_twice_is_internal(h: &impl Harness) {
             "{second:?}"
         );
     }
-    assert_eq!(record_of(&store, &a).await.expect("exists").0, done);
+    assert_eq!(
+        record_of(&store, &a).await.expect("exists").0,
+        finalized(&done)
+    );
     assert_eq!(progress_ids(&store, &run.run_id).await, ["call_a"]);
     assert_eq!(
         run_of(&store, &run.run_id).await.record_bytes_used,
@@ -902,6 +922,7 @@ async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
     let f = facts(
         &run.run_id,
         store.progress(&run.run_id).await.expect("p").expect("run"),
+        &sealer(),
     );
     assert!(f.facts.is_empty());
     assert_eq!(f.excluded, 1);
@@ -944,7 +965,7 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
         Some("RESULT_TOO_LARGE")
     );
     assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
-    let fallback = FinalBody::new(&b_done, 1 << 20)
+    let fallback = FinalBody::new(&b_done, 1 << 20, &sealer())
         .expect("body")
         .run_fallback();
     assert_eq!(
@@ -961,6 +982,7 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     let f = facts(
         &run.run_id,
         store.progress(&run.run_id).await.expect("p").expect("run"),
+        &sealer(),
     );
     let ids: Vec<_> = f.facts.iter().map(|f| f.tool_call_id.as_str()).collect();
     assert_eq!(ids, ["a"]);
@@ -1000,14 +1022,14 @@ async fn progress_order_and_facts(h: &impl Harness) {
     assert_eq!(
         got,
         vec![
-            ("f2".to_string(), Some(f2.clone())),
-            ("e1".to_string(), Some(e1.clone())),
-            ("f1".to_string(), Some(f1.clone())),
-            ("n1".to_string(), Some(n1.clone())),
+            ("f2".to_string(), Some(finalized(&f2))),
+            ("e1".to_string(), Some(finalized(&e1))),
+            ("f1".to_string(), Some(finalized(&f1))),
+            ("n1".to_string(), Some(finalized(&n1))),
         ],
         "completion order; PROJECTING p1 is not listed"
     );
-    let f = facts(&run.run_id, entries);
+    let f = facts(&run.run_id, entries, &sealer());
     let got: Vec<(&str, Evidence)> = f
         .facts
         .iter()
@@ -1053,7 +1075,7 @@ async fn facts_exclude_expired_records(h: &impl Harness) {
     assert_eq!(entries[0], (call_id("a"), None), "a expired");
     assert_eq!(entries[1].0, "b");
     assert!(entries[1].1.is_some(), "b is alive");
-    let f = facts(&run.run_id, entries);
+    let f = facts(&run.run_id, entries, &sealer());
     assert_eq!(f.facts.len(), 1);
     assert_eq!(f.facts[0].tool_call_id, "b");
     assert_eq!(f.excluded, 1);
@@ -1202,7 +1224,7 @@ async fn run_and_progress_outlive_records(h: &impl Harness) {
         .expect("progress")
         .expect("the run and its progress outlive the record");
     assert_eq!(entries, vec![(call_id("a"), None)]);
-    assert_eq!(facts(&run.run_id, entries).excluded, 1);
+    assert_eq!(facts(&run.run_id, entries, &sealer()).excluded, 1);
     h.advance(Duration::from_millis(2_100)).await;
     assert_eq!(store.get_run(&run.run_id).await.expect("get_run"), None);
     assert_eq!(store.progress(&run.run_id).await.expect("progress"), None);

@@ -57,6 +57,7 @@ use super::{
 };
 use crate::config::{Durability, RunPaths, StoreConfig};
 use crate::error::{Code, Error, Result, SizeStage};
+use crate::evidence::Sealer;
 use crate::ids::{RunId, ToolCallId};
 pub use direct::{CLIENT_NAME, slot};
 use direct::{Outcome, Primaries};
@@ -72,6 +73,8 @@ pub struct RedisStore {
     record_ttl_ms: u64,
     timeout: Duration,
     scripts: Scripts,
+    /// Seals every final record.
+    sealer: Arc<Sealer>,
 }
 
 struct Scripts {
@@ -128,7 +131,7 @@ impl RedisStore {
     /// yet is not an error, because the connection is made in the background and retried by
     /// every operation, which answers `STORE_UNAVAILABLE` (and `/readyz` 503) until the cluster
     /// is up. The sidecar thus starts before Redis and recovers without a restart.
-    pub async fn connect(cfg: &StoreConfig) -> Result<RedisStore> {
+    pub async fn connect(cfg: &StoreConfig, sealer: Arc<Sealer>) -> Result<RedisStore> {
         if cfg.nodes.iter().any(|n| n.starts_with("rediss://")) {
             // redis-rs builds its rustls config from the process-wide provider; ring is the only
             // one compiled in. An Err only means a provider is already installed.
@@ -165,6 +168,7 @@ impl RedisStore {
             record_ttl_ms: cfg.record_ttl_ms,
             timeout,
             scripts: Scripts::new(),
+            sealer,
         };
         if let Err(e) = store.warm_up().await {
             tracing::warn!(cause = %e, "redis-cluster store not reachable yet; operations will retry");
@@ -244,6 +248,7 @@ impl RedisStore {
             size.format(body.size()),
             marks.as_str(),
             record.tool_call_id.as_str(),
+            body.fallback_tail(),
         ];
         let code: i64 = match &self.waiters {
             None => {
@@ -424,7 +429,7 @@ impl Store for RedisStore {
 
     fn finalize<'a>(&'a self, record: &'a Record, record_bytes: u64) -> StoreFuture<'a, Finalized> {
         Box::pin(async move {
-            let body = FinalBody::new(record, record_bytes)?;
+            let body = FinalBody::new(record, record_bytes, &self.sealer)?;
             self.op("finalize", self.finalize_inner(record, &body))
                 .await
         })

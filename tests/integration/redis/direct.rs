@@ -43,7 +43,9 @@ async fn store_with_run(
     cfg: &toolgate::config::StoreConfig,
     run_id: &str,
 ) -> (RedisStore, toolgate::store::RunView, u16) {
-    let store = RedisStore::connect(cfg).await.expect("connect");
+    let store = RedisStore::connect(cfg, crate::store::sealer())
+        .await
+        .expect("connect");
     let deadline = Deadline::after(Duration::from_secs(20), "the slot map");
     while !store.direct_ready() {
         deadline.tick().await;
@@ -203,7 +205,9 @@ async fn direct_connections_authenticate_with_the_urls_credentials() {
         .iter()
         .map(|n| format!("redis://toolgate:wrong@127.0.0.1:{}", n.port))
         .collect();
-    let refused = RedisStore::connect(&cfg).await.expect("connect is lazy");
+    let refused = RedisStore::connect(&cfg, crate::store::sealer())
+        .await
+        .expect("connect is lazy");
     let r = projecting(&run, "call_2", "search");
     let err = refused
         .reserve(&r, run.created_ms + 1)

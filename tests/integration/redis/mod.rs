@@ -100,7 +100,7 @@ async fn keys_follow_the_contract_layout() {
     let body: String = q(&mut conn, &["GET", &record_key]).await;
     assert_eq!(
         body,
-        done.to_json().expect("json"),
+        crate::store::finalized(&done).to_json().expect("json"),
         "the record is the Rust serialization, byte for byte"
     );
     let ids: Vec<String> = q(&mut conn, &["LRANGE", &progress_key, "0", "-1"]).await;
@@ -146,7 +146,7 @@ async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
         (&full, 1 << 20, Finalized::TooLarge(SizeStage::Run)),
         (&big, 700, Finalized::TooLarge(SizeStage::Run)),
     ] {
-        let body = FinalBody::new(done, record_bytes).expect("body");
+        let body = FinalBody::new(done, record_bytes, &crate::store::sealer()).expect("body");
         let reserving = Record {
             status: Status::Projecting,
             evidence_status: None,

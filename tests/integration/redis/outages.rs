@@ -42,7 +42,7 @@ async fn a_cluster_that_comes_up_later_is_used_without_restart() {
     };
     // Nothing listens yet: the store opens, and every operation is STORE_UNAVAILABLE in time.
     let started = Instant::now();
-    let store = RedisStore::connect(&cfg)
+    let store = RedisStore::connect(&cfg, crate::store::sealer())
         .await
         .expect("opening does not need the cluster");
     assert!(started.elapsed() < timeout * 4, "connect took too long");

@@ -3,9 +3,10 @@
 -- decoded and re-encoded here (cjson would alter numbers and key order).
 -- KEYS[1] record, KEYS[2] run hash, KEYS[3] progress list
 -- ARGV[1] final record JSON, ARGV[2] its size in bytes, ARGV[3] where to splice ARGV[1] into
--- its stripped ERROR/RESULT_TOO_LARGE form for a run over its byte budget: four byte offsets
--- (the "," before status, request, raw_response and upstream_status), or empty when ARGV[1]
--- is stripped already; ARGV[4] tool_call_id
+-- its stripped ERROR/RESULT_TOO_LARGE form for a run over its byte budget: five byte offsets
+-- (the "," before status, request, raw_response, upstream_status and request_sha256), or empty
+-- when ARGV[1] is stripped already; ARGV[4] tool_call_id; ARGV[5] the stripped form's own
+-- digests and seal, which end it (sealed by toolgate: this script cannot)
 -- Returns 0 written, 1 fallback written (run too large), 2 record missing, 3 not PROJECTING,
 -- 4 run missing.
 local current = redis.call('GET', KEYS[1])
@@ -29,13 +30,14 @@ if tonumber(run[1]) + size > tonumber(run[2]) then
   -- The fallback's bytes are not added: the run is already at its limit.
   local body = ARGV[1]
   if ARGV[3] ~= '' then
-    local s, r, a, u = string.match(ARGV[3], '^(%d+) (%d+) (%d+) (%d+)$')
-    s, r, a, u = tonumber(s), tonumber(r), tonumber(a), tonumber(u)
+    local s, r, a, u, d = string.match(ARGV[3], '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    s, r, a, u, d = tonumber(s), tonumber(r), tonumber(a), tonumber(u), tonumber(d)
     body = string.sub(body, 1, s)
       .. ',"status":"ERROR","evidence_status":"ERROR"'
       .. string.sub(body, r + 1, a)
       .. ',"raw_response":null,"agent_result":null,"error_code":"RESULT_TOO_LARGE"'
-      .. string.sub(body, u + 1)
+      .. string.sub(body, u + 1, d)
+      .. ARGV[5]
   end
   redis.call('SET', KEYS[1], body, 'KEEPTTL', 'XX')
   outcome = 1
