@@ -5,7 +5,9 @@ run by scripts/k8s-check.sh in the virtualenv of scripts/requirements.txt:
   - renders charts/toolgate with the Helm SDK (PyPI helm-python-sdk) for the default values and
     every documented variant, and lints each strictly against Kubernetes KUBE_VERSION;
   - checks what each rendering must hold (injector args, probes, security context, webhook,
-    TLS material, config and token objects per injection namespace, monitoring objects);
+    TLS material, config and token objects per injection namespace, monitoring objects, the
+    evidence block of the config and the previous public keys beside it, no private key in a
+    ConfigMap);
   - checks that values the chart's schema must refuse are refused;
   - validates every rendered manifest and every manifest under deploy/kind/ with
     `kubernetes-validate --strict` (custom resources: ServiceMonitor, PodMonitor, PrometheusRule,
@@ -15,10 +17,14 @@ run by scripts/k8s-check.sh in the virtualenv of scripts/requirements.txt:
     the chart values and the image they run;
   - when a toolgate binary is built ($TOOLGATE_BIN, default target/debug/toolgate): runs
     `toolgate check` on every rendered and scenario config (the config rules live in toolgate
-    alone: configs that break them render, and `toolgate check` must refuse them), and sends the
-    kind agent pod through `toolgate injector` (serving the chart's generated certificate) as a
-    native sidecar and as a plain container (toolgate.dev/native-sidecar: "false"), validating
-    both patched pods. Without a binary these checks are reported as not run.
+    alone: configs that break them render, and `toolgate check` must refuse them; the files a
+    config names under the sidecar's mounts are written to a temporary directory, the signing key
+    freshly generated), and sends the kind agent pod through `toolgate injector` (serving the
+    chart's generated certificate) as a native sidecar and as a plain container
+    (toolgate.dev/native-sidecar: "false"), validating both patched pods; with an evidence Secret
+    too, checking that the sidecar mounts it read-only where the config looks for the key.
+    Without a binary these checks are reported as not run, and so are the evidence ones when the
+    binary predates them.
 
 Exit 0 only when all pass.
 """
@@ -57,6 +63,10 @@ SKIPPED_KINDS = {
 STANDARD_LABELS = ["helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by"]
 CLUSTER_SCOPED = {"MutatingWebhookConfiguration", "Namespace", "ClusterRole", "ClusterRoleBinding"}
+# Where the injected sidecar finds its config ConfigMap and the evidence Secret (src/injector/pod.rs).
+CONFIG_MOUNT = "/etc/toolgate"
+EVIDENCE_MOUNT = "/var/run/secrets/toolgate/evidence"
+EVIDENCE_VOLUME = "toolgate-evidence"
 
 passed = 0
 failures = []
@@ -90,6 +100,28 @@ def group_of(doc):
 def b64(value):
     return base64.b64decode(value).decode()
 
+
+def openssl_out(*args, stdin=None):
+    out = subprocess.run(["openssl", *args], input=stdin, capture_output=True, text=True,
+                         check=True)
+    return out.stdout
+
+
+def ed25519_private_pem():
+    return openssl_out("genpkey", "-algorithm", "ed25519")
+
+
+def public_pem(private_pem):
+    return openssl_out("pkey", "-pubout", stdin=private_pem)
+
+
+# Keys for the evidence variants: two earlier Ed25519 public keys, a private key (which must never
+# reach a ConfigMap) and a P-256 public key (a PEM public key toolgate must refuse).
+PREVIOUS_KEYS = [public_pem(ed25519_private_pem()) for _ in range(2)]
+A_PRIVATE_KEY = ed25519_private_pem()
+P256_PUBLIC_KEY = public_pem(openssl_out("genpkey", "-algorithm", "EC",
+                                         "-pkeyopt", "ec_paramgen_curve:P-256"))
+KIND_VALUES = yaml.safe_load(Path("deploy/kind/values-e2e.yaml").read_text())
 
 REDIS_NODES = ["redis://redis-0.redis.db.svc:6379", "redis://redis-1.redis.db.svc:6379"]
 VARIANTS = {
@@ -127,7 +159,15 @@ VARIANTS = {
                                           "nodeSelector": {"kubernetes.io/os": "linux"},
                                           "tolerations": [{"key": "dedicated",
                                                            "operator": "Exists"}]}},
-    "kind-e2e": yaml.safe_load(Path("deploy/kind/values-e2e.yaml").read_text()),
+    "kind-e2e": KIND_VALUES,
+    "evidence-key": {"evidence": {"existingSecret": "toolgate-evidence"}},
+    "evidence-public-keys-only": {"injection": {"namespaces": ["agents-a", "agents-b"]},
+                                  "evidence": {"previousPublicKeys": [PREVIOUS_KEYS[0]],
+                                               "issuer": "agents.example"}},
+    # The kind test's values with a rotated key: also sent through the injector.
+    "kind-evidence-rotated": deep_merge(KIND_VALUES, {"evidence": {
+        "existingSecret": "toolgate-evidence-2026-12", "secretKey": "ed25519.pem",
+        "previousPublicKeys": PREVIOUS_KEYS, "issuer": "https://toolgate.example"}}),
 }
 # Values the chart's own schema refuses: the chart's settings, and the one config setting the
 # chart relies on (the injected container probes the telemetry listener on port 15090).
@@ -137,6 +177,18 @@ REFUSED = {
     "webhook timeout over 30 s": {"injector": {"webhook": {"timeoutSeconds": 60}}},
     "telemetry off port 15090": {"config": {"listen": {"telemetry": "0.0.0.0:9000"}}},
     "zero injector replicas": {"injector": {"replicas": 0}},
+    "private key as a previous public key": {"evidence": {"previousPublicKeys": [A_PRIVATE_KEY]}},
+    "two PEM blocks in one previous public key": {"evidence": {
+        "previousPublicKeys": [PREVIOUS_KEYS[0] + PREVIOUS_KEYS[1]]}},
+    "evidence Secret not an object name": {"evidence": {"existingSecret": "Toolgate_Evidence"}},
+    "evidence secretKey with a slash": {"evidence": {"existingSecret": "e", "secretKey": "a/b"}},
+    "unknown evidence key": {"evidence": {"signingKeyFile": "/keys/signing-key.pem"}},
+}
+# Values the chart's templates refuse (fail), with a word the message must hold.
+FAILING = {
+    "evidence values and config.evidence": (
+        {"evidence": {"existingSecret": "toolgate-evidence"},
+         "config": {"evidence": {"signing_key_file": "/keys/signing-key.pem"}}}, "not both"),
 }
 # Configs that break toolgate's config rules. The chart does not repeat those rules: it renders
 # these, and `toolgate check` must refuse the rendered config.
@@ -145,6 +197,8 @@ BAD_CONFIGS = {
     "redis-cluster store without nodes": {"config": {"store": {"kind": "redis-cluster"}}},
     "tool without upstream": {"config": {"tools": [{"name": "search", "read_only": True}]}},
     "record_ttl_ms of 0": {"config": {"store": {"record_ttl_ms": 0}}},
+    "P-256 previous public key": {"evidence": {"existingSecret": "toolgate-evidence",
+                                               "previousPublicKeys": [P256_PUBLIC_KEY]}},
 }
 
 
@@ -174,6 +228,27 @@ class Rendering:
         found = [d for d in self.all(kind) if where is None or where(d)]
         check(self.name, len(found) == 1, f"expected one {kind}, found {len(found)}")
         return found[0] if found else {}
+
+
+def previous_key_file(i):
+    """The ConfigMap key (and file under CONFIG_MOUNT) of previous public key number i (from 0)."""
+    return f"evidence-previous-{i + 1}.pub.pem"
+
+
+def want_config(v):
+    """The sidecar config the chart must render: values.config, plus the evidence block."""
+    config = copy.deepcopy(v["config"])
+    ev, block = v["evidence"], {}
+    if ev["existingSecret"]:
+        block["signing_key_file"] = f"{EVIDENCE_MOUNT}/{ev['secretKey']}"
+    if ev["previousPublicKeys"]:
+        block["previous_public_keys"] = [f"{CONFIG_MOUNT}/{previous_key_file(i)}"
+                                         for i in range(len(ev["previousPublicKeys"]))]
+    if ev["issuer"]:
+        block["issuer"] = ev["issuer"]
+    if block:
+        config["evidence"] = block
+    return config
 
 
 def check_rendering(r):
@@ -233,6 +308,9 @@ def check_rendering(r):
     want_args = ["injector", "--listen", "0.0.0.0:8443", "--tls-cert", "/tls/tls.crt",
                  "--tls-key", "/tls/tls.key", "--image", sidecar, "--config-map", config_map,
                  "--admin-secret", admin_secret]
+    evidence_secret = v["evidence"]["existingSecret"]
+    if evidence_secret:
+        want_args += ["--evidence-secret", evidence_secret]
     check(w, ctr.get("args") == want_args, f"injector args {ctr.get('args')}")
     check(w, "command" not in ctr, "injector overrides the image entrypoint")
     ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
@@ -330,10 +408,28 @@ def check_rendering(r):
     cms = [d for d in r.all("ConfigMap") if d["metadata"]["name"] == config_map]
     check(w, sorted(d["metadata"]["namespace"] for d in cms) == sorted(namespaces),
           f"config ConfigMaps in {[d['metadata']['namespace'] for d in cms]}, want {namespaces}")
+    previous = v["evidence"]["previousPublicKeys"]
     for d in cms:
-        check(w, list(d["data"]) == ["toolgate.yaml"], "config ConfigMap keys")
-        check(w, yaml.safe_load(d["data"]["toolgate.yaml"]) == v["config"],
-              "toolgate.yaml differs from values.config")
+        keys = ["toolgate.yaml"] + [previous_key_file(i) for i in range(len(previous))]
+        check(w, sorted(d["data"]) == sorted(keys), f"config ConfigMap keys {list(d['data'])}")
+        config = yaml.safe_load(d["data"]["toolgate.yaml"])
+        check(w, config == want_config(v),
+              "toolgate.yaml differs from values.config plus the evidence block")
+        # Default: no evidence key at all, so toolgate derives its key from the run-token key.
+        wants_block = bool(evidence_secret or previous or v["evidence"]["issuer"])
+        check(w, ("evidence" in config) == wants_block,
+              "evidence block present without evidence values, or missing with them")
+        for i, pem in enumerate(previous):
+            check(w, d["data"].get(previous_key_file(i), "").strip() == pem.strip(),
+                  f"{previous_key_file(i)} is not previous public key {i + 1}")
+    for d in r.all("ConfigMap"):
+        for key, text in d.get("data", {}).items():
+            check(w, "PRIVATE KEY" not in text, f"ConfigMap {d['metadata']['name']} key {key} "
+                                                "holds a private key")
+    if evidence_secret:
+        check(w, not [d for d in r.all("Secret") if d["metadata"]["name"] == evidence_secret],
+              "the chart renders the evidence Secret; it must only name the one you manage")
+        check(w, evidence_secret in r.notes, "NOTES.txt does not name the evidence Secret")
     secrets = [d for d in r.all("Secret") if d["metadata"]["name"] == admin_secret]
     if v["adminToken"]["existingSecret"]:
         check(w, not secrets, "an admin Secret is rendered although existingSecret is set")
@@ -455,6 +551,15 @@ def main():
         print(f"ok   values.schema.json refuses {len(REFUSED)} bad value sets"
               if not any(f.startswith("schema[") for f in failures) else
               "FAIL values.schema.json accepts bad values", flush=True)
+        for name, (values, word) in FAILING.items():
+            try:
+                chart.render(values, name=RELEASE, namespace=NAMESPACE)
+                check(f"fail[{name}]", False, "rendered, but the chart must refuse it")
+            except helm.HelmError as err:
+                check(f"fail[{name}]", word in str(err), f"refused without saying {word!r}: {err}")
+        print(f"ok   the chart refuses {len(FAILING)} conflicting value sets"
+              if not any(f.startswith("fail[") for f in failures) else
+              "FAIL the chart renders conflicting values", flush=True)
 
         # deploy/kind manifests (values*.yaml are chart values, rendered above as kind-e2e).
         kind_docs = {}
@@ -576,8 +681,36 @@ def tls_request(port, host, ca_file, method, path, body=None):
     return resp.status, resp.read()
 
 
+def sidecar_files(tmp, name, data):
+    """Writes a rendered config ConfigMap as the sidecar would see it: its keys in a stand-in for
+    CONFIG_MOUNT and, when the config names a signing key in EVIDENCE_MOUNT, a fresh Ed25519 key in
+    a stand-in for that mount. Returns the config to check (the rendered text, with those two
+    mount paths pointed at the stand-ins) and whether it has an evidence block."""
+    root = Path(tmp, name)
+    etc, secret = root / "etc", root / "evidence"
+    etc.mkdir(parents=True)
+    secret.mkdir()
+    for key, value in data.items():
+        (etc / key).write_text(value)
+    text = data["toolgate.yaml"]
+    evidence = (yaml.safe_load(text) or {}).get("evidence") or {}
+    key_file = evidence.get("signing_key_file") or ""
+    if key_file.startswith(EVIDENCE_MOUNT + "/"):
+        (secret / key_file[len(EVIDENCE_MOUNT) + 1:]).write_text(ed25519_private_pem())
+    if evidence:
+        text = text.replace(EVIDENCE_MOUNT + "/", f"{secret}/").replace(CONFIG_MOUNT + "/", f"{etc}/")
+    path = root / "toolgate.yaml"
+    path.write_text(text)
+    return path, bool(evidence)
+
+
+def predates_evidence(out):
+    """A `toolgate check` refusal that only says the binary has no evidence config yet."""
+    return out.returncode != 0 and "unknown field `evidence`" in out.stdout + out.stderr
+
+
 def check_with_binary(chart, tmp, renderings, kind_docs):
-    """`toolgate check` on every config, good and bad; the injector round trip. Returns files to
+    """`toolgate check` on every config, good and bad; the injector round trips. Returns files to
     validate."""
     binary = os.environ.get("TOOLGATE_BIN") or "target/debug/toolgate"
     if not os.access(binary, os.X_OK):
@@ -585,19 +718,24 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
               "the injector round trip were not run (set TOOLGATE_BIN)", flush=True)
         return []
 
-    configs = {}
+    configs = {}  # the ConfigMap's data, as JSON → (label, data)
     for r in renderings.values():
         for d in r.all("ConfigMap"):
             if "toolgate.yaml" in d.get("data", {}):
-                configs.setdefault(d["data"]["toolgate.yaml"], f"chart[{r.name}]")
+                configs.setdefault(json.dumps(d["data"], sort_keys=True),
+                                   (f"chart[{r.name}]", d["data"]))
     for p in sorted(Path("deploy/scenario").glob("toolgate-*.yaml")):
-        configs.setdefault(p.read_text(), str(p))
-    for i, (text, label) in enumerate(configs.items()):
-        path = Path(tmp, f"config-{i}.yaml")
-        path.write_text(text)
+        data = {"toolgate.yaml": p.read_text()}
+        configs.setdefault(json.dumps(data, sort_keys=True), (str(p), data))
+    unchecked = []
+    for i, (label, data) in enumerate(configs.values()):
+        path, has_evidence = sidecar_files(tmp, f"config-{i}", data)
         out = subprocess.run([binary, "check", "--config", str(path)], capture_output=True, text=True)
+        if has_evidence and predates_evidence(out):
+            unchecked.append(label)
+            continue
         check(label, out.returncode == 0, f"toolgate check refuses its config: {out.stdout}{out.stderr}")
-    print(f"ok   toolgate check accepts {len(configs)} distinct configs" if not any(
+    print(f"ok   toolgate check accepts {len(configs) - len(unchecked)} distinct configs" if not any(
         "toolgate check" in f for f in failures) else "FAIL toolgate check", flush=True)
 
     # Bad configs render (the chart does not repeat toolgate's rules); toolgate refuses them.
@@ -608,38 +746,62 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
         except helm.HelmError as err:
             check(w, False, f"the chart refuses it ({err}); the config rules are toolgate's")
             continue
-        (text,) = {d["data"]["toolgate.yaml"] for d in rendering.all("ConfigMap")
-                   if "toolgate.yaml" in d.get("data", {})}
-        path = Path(tmp, f"bad-config-{i}.yaml")
-        path.write_text(text)
+        (data,) = {json.dumps(d["data"], sort_keys=True): d["data"] for d in rendering.all("ConfigMap")
+                   if "toolgate.yaml" in d.get("data", {})}.values()
+        path, has_evidence = sidecar_files(tmp, f"bad-config-{i}", data)
         out = subprocess.run([binary, "check", "--config", str(path)], capture_output=True, text=True)
+        if has_evidence and predates_evidence(out):
+            unchecked.append(w)
+            continue
         check(w, out.returncode != 0, "toolgate check accepts it")
-    print(f"ok   toolgate check refuses the {len(BAD_CONFIGS)} bad configs the chart renders"
+    checked_bad = len(BAD_CONFIGS) - sum(u.startswith("config[") for u in unchecked)
+    print(f"ok   toolgate check refuses the {checked_bad} bad configs the chart renders"
           if not any(f.startswith("config[") for f in failures) else
           "FAIL toolgate check accepts a bad config", flush=True)
+    if unchecked:
+        print(f"note the toolgate binary at {binary} predates the evidence config (unknown field "
+              f"`evidence`): `toolgate check` did not judge {len(unchecked)} configs with an "
+              f"evidence block: {', '.join(unchecked)}", flush=True)
 
-    # The injector, as the chart runs it for the kind test, with the chart's generated certificate.
-    w = "injector"
-    r = renderings["kind-e2e"]
+    out_files = injector_round_trip(binary, tmp, renderings["kind-e2e"], kind_docs)
+    usage = subprocess.run([binary, "injector", "--help"], capture_output=True, text=True)
+    if "--evidence-secret" in usage.stdout + usage.stderr:
+        out_files += injector_round_trip(binary, tmp, renderings["kind-evidence-rotated"],
+                                         kind_docs)
+    else:
+        print(f"note the toolgate injector at {binary} has no --evidence-secret flag: the round "
+              "trip of chart[kind-evidence-rotated] (the evidence Secret mounted read-only where "
+              "the config names the key) was not run", flush=True)
+    return out_files
+
+
+def injector_round_trip(binary, tmp, r, kind_docs):
+    """Runs `toolgate injector` with rendering r's flags and generated certificate and sends it the
+    kind agent pod, as a native sidecar and as a plain container. Returns the patched pods."""
+    w = f"injector[{r.name}]"
     dep = r.one("Deployment")
     args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
     injector = dep["metadata"]["name"]
     tls = next(d for d in r.all("Secret") if d["metadata"]["name"].endswith("-injector-tls"))
+    tls_dir = Path(tmp, f"tls-{r.name}")
+    tls_dir.mkdir()
     for key in ["tls.crt", "tls.key", "ca.crt"]:
-        Path(tmp, key).write_text(b64(tls["data"][key]))
+        (tls_dir / key).write_text(b64(tls["data"][key]))
+    ca_file = f"{tls_dir}/ca.crt"
     port = free_port()
     flags = dict(zip(args[1::2], args[2::2], strict=True))
-    flags.update({"--listen": f"127.0.0.1:{port}", "--tls-cert": f"{tmp}/tls.crt",
-                  "--tls-key": f"{tmp}/tls.key"})
+    flags.update({"--listen": f"127.0.0.1:{port}", "--tls-cert": f"{tls_dir}/tls.crt",
+                  "--tls-key": f"{tls_dir}/tls.key"})
     cmd = [binary, args[0], *[x for kv in flags.items() for x in kv]]
     host = f"{injector}.{NAMESPACE}.svc"
+    evidence = r.merged["evidence"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     out_files = []
     try:
         deadline, healthy = time.monotonic() + 15, False
         while time.monotonic() < deadline and proc.poll() is None and not healthy:
             try:
-                healthy = tls_request(port, host, f"{tmp}/ca.crt", "GET", "/healthz")[0] == 200
+                healthy = tls_request(port, host, ca_file, "GET", "/healthz")[0] == 200
             except OSError:
                 time.sleep(0.1)
         if not check(w, healthy, f"GET /healthz over TLS with the chart's CA and SNI {host} "
@@ -648,6 +810,10 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
         job = next(d for d in kind_docs["agent-job.yaml"] if d["kind"] == "Job")
         ns = job["metadata"]["namespace"]
         template = job["spec"]["template"]
+        config_maps = {(d["metadata"]["namespace"], d["metadata"]["name"]): d
+                       for d in r.all("ConfigMap")}
+        config = yaml.safe_load(config_maps.get((ns, flags["--config-map"]), {})
+                                .get("data", {}).get("toolgate.yaml", "{}"))
         for native in (True, False):
             meta = copy.deepcopy(template["metadata"])
             meta.update({"name": "agent-e2e", "namespace": ns})
@@ -664,8 +830,7 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
                                   "userInfo": {"username":
                                                "system:serviceaccount:kube-system:job-controller"},
                                   "object": pod, "dryRun": False}}
-            status, raw = tls_request(port, host, f"{tmp}/ca.crt", "POST", "/mutate?timeout=5s",
-                                      review)
+            status, raw = tls_request(port, host, ca_file, "POST", "/mutate?timeout=5s", review)
             label = f"{w}[native-sidecar={'on' if native else 'off'}]"
             resp = json.loads(raw).get("response", {}) if status == 200 else {}
             if not check(label, resp.get("allowed") is True and resp.get("uid") == f"uid-{native}"
@@ -697,13 +862,14 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
                         for d in r.docs if d["kind"] in ("ConfigMap", "Secret")}
             check(label, {(ns, flags["--config-map"]), (ns, flags["--admin-secret"])} <= rendered,
                   "the chart renders no ConfigMap/Secret the injected pod can mount")
+            check_evidence_mount(label, evidence, config, spec, sidecar)
             check(label, patched["metadata"]["annotations"].get("toolgate.dev/injected") == "true",
                   "toolgate.dev/injected annotation")
-            path = Path(tmp, f"injected-{'native' if native else 'plain'}.yaml")
+            path = Path(tmp, f"injected-{r.name}-{'native' if native else 'plain'}.yaml")
             path.write_text(yaml.safe_dump(patched, sort_keys=False))
             out_files.append((label, path, 1))
-        print("ok   injector round trip: both patched agent pods as expected" if not any(
-            f.startswith(w) for f in failures) else "FAIL injector round trip", flush=True)
+        print(f"ok   injector round trip ({r.name}): both patched agent pods as expected" if not any(
+            f.startswith(w) for f in failures) else f"FAIL injector round trip ({r.name})", flush=True)
     finally:
         proc.terminate()
         try:
@@ -711,6 +877,36 @@ def check_with_binary(chart, tmp, renderings, kind_docs):
         except subprocess.TimeoutExpired:
             proc.kill()
     return out_files
+
+
+def check_evidence_mount(label, evidence, config, spec, sidecar):
+    """With evidence.existingSecret: that Secret (not optional) mounted read-only into the sidecar
+    alone, at the directory of the config's signing_key_file. Without it: no evidence mount."""
+    vols = {v["name"]: v for v in spec.get("volumes") or []}
+    mounts = {m["name"]: m for m in sidecar.get("volumeMounts") or []}
+    others = [c["name"] for c in spec["containers"] + (spec.get("initContainers") or [])
+              if c is not sidecar and any(m["name"] == EVIDENCE_VOLUME
+                                          for m in c.get("volumeMounts") or [])]
+    check(label, not others, f"containers {others} mount the evidence key; only toolgate may")
+    if not evidence["existingSecret"]:
+        check(label, EVIDENCE_VOLUME not in vols and EVIDENCE_VOLUME not in mounts
+              and not any(m["mountPath"].startswith(EVIDENCE_MOUNT) for m in mounts.values()),
+              "an evidence key is mounted although evidence.existingSecret is empty")
+        check(label, "evidence" not in config, "the config has an evidence block")
+        return
+    secret = vols.get(EVIDENCE_VOLUME, {}).get("secret", {})
+    check(label, secret.get("secretName") == evidence["existingSecret"],
+          f"evidence volume {vols.get(EVIDENCE_VOLUME)} is not Secret {evidence['existingSecret']}")
+    check(label, secret.get("optional") is not True,
+          "the evidence Secret is optional: a pod without it would sign with the derived key")
+    mount = mounts.get(EVIDENCE_VOLUME, {})
+    check(label, mount.get("mountPath") == EVIDENCE_MOUNT and mount.get("readOnly") is True
+          and not mount.get("subPath"), f"evidence mount {mount}, want {EVIDENCE_MOUNT} read-only")
+    items = {i["key"]: i["path"] for i in secret.get("items") or []}
+    file_name = items.get(evidence["secretKey"]) if items else evidence["secretKey"]
+    key_file = (config.get("evidence") or {}).get("signing_key_file")
+    check(label, file_name is not None and key_file == f"{mount.get('mountPath')}/{file_name}",
+          f"the config's signing_key_file {key_file} is not the mounted key {file_name}")
 
 
 def check_scenario_configs():

@@ -34,6 +34,45 @@
 {{- end }}
 {{- end }}
 
+{{/* Where the injector mounts the evidence Secret in the sidecar (`--evidence-secret`); the
+injector's evidence mount path, and the directory of evidence.signing_key_file. */}}
+{{- define "toolgate.evidenceMountPath" -}}
+/var/run/secrets/toolgate/evidence
+{{- end }}
+
+{{/* Where the sidecar reads its config ConfigMap: the injector mounts it at /etc/toolgate. */}}
+{{- define "toolgate.configMountPath" -}}
+/etc/toolgate
+{{- end }}
+
+{{/* File name, in the config ConfigMap, of previous public key number N (from 0). */}}
+{{- define "toolgate.previousKeyFile" -}}
+{{- printf "evidence-previous-%d.pub.pem" (add1 .) }}
+{{- end }}
+
+{{/* The `evidence` block of the sidecar config, as JSON: {} when no evidence value is set. */}}
+{{- define "toolgate.evidenceConfig" -}}
+{{- $ev := .Values.evidence }}
+{{- $block := dict }}
+{{- if $ev.existingSecret }}
+{{- $_ := set $block "signing_key_file" (printf "%s/%s" (include "toolgate.evidenceMountPath" .) $ev.secretKey) }}
+{{- end }}
+{{- if $ev.previousPublicKeys }}
+{{- $files := list }}
+{{- range $i, $_ := $ev.previousPublicKeys }}
+{{- $files = append $files (printf "%s/%s" (include "toolgate.configMountPath" $) (include "toolgate.previousKeyFile" $i)) }}
+{{- end }}
+{{- $_ := set $block "previous_public_keys" $files }}
+{{- end }}
+{{- if $ev.issuer }}
+{{- $_ := set $block "issuer" $ev.issuer }}
+{{- end }}
+{{- if and $block (hasKey .Values.config "evidence") }}
+{{- fail "set the evidence.* values or config.evidence, not both: the chart builds config.evidence from evidence.*" }}
+{{- end }}
+{{- toJson $block }}
+{{- end }}
+
 {{- define "toolgate.tlsSecretName" -}}
 {{- printf "%s-injector-tls" (include "toolgate.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
