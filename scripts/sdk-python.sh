@@ -43,7 +43,7 @@ venv() {
     "$dir/bin/python" -m pip check
 }
 
-venv "$VENV" "$PKG/requirements-test.txt" "langchain,openai-agents,pydantic-ai,mcp"
+venv "$VENV" "$PKG/requirements-test.txt" "langchain,openai-agents,pydantic-ai,mcp,evidence"
 venv "$MCP2_VENV" "$PKG/requirements-mcp2.txt" "mcp"
 
 cd "$PKG"

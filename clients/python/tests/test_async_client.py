@@ -78,6 +78,13 @@ async def test_cancel(harness: AsyncHarness, run_id: str) -> None:
     assert (await run.state())["state"] == "CANCELLED"
 
 
+async def test_evidence(harness: AsyncHarness, run_id: str) -> None:
+    run = await harness.create_run(run_id)
+    await run.agent().invoke("echo", {}, tool_call_id="ev-1")
+    bundle = await run.evidence()
+    assert set(bundle) == {"payload", "signatures"}
+
+
 async def test_the_run_block_ends_on_normal_exit(harness: AsyncHarness, run_id: str) -> None:
     async with harness.run(run_id, tools=["echo"]) as run:
         await run.agent().invoke("echo", {"n": 1}, tool_call_id="c1")

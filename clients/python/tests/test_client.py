@@ -3,6 +3,7 @@ code a client can provoke on the memory store."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -213,6 +214,25 @@ def test_invocation_is_the_whole_record(harness: Harness, run_id: str) -> None:
     assert len(record["raw_response"]["results"]) == 7  # the raw response: only the harness sees it
     assert record["agent_result"]["total_items"] == 7
     assert record["ttl_ms"] > 0
+
+
+def b64url(text: str) -> bytes:
+    """base64url without padding, decoded."""
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def test_evidence_is_the_signed_bundle(harness: Harness, run_id: str) -> None:
+    run = harness.create_run(run_id)
+    run.agent().invoke("echo", {"e": 1}, tool_call_id="ev-1")
+    bundle = run.evidence()
+    assert set(bundle) == {"payload", "signatures"}
+    assert len(bundle["signatures"]) == 1
+    protected = json.loads(b64url(bundle["signatures"][0]["protected"]))
+    assert protected["alg"] == "EdDSA" and protected["typ"] == "toolgate-evidence+json"
+    statement = json.loads(b64url(bundle["payload"]))
+    assert statement["typ"] == "toolgate.evidence.v1"
+    assert (statement["run_id"], statement["state"]) == (run_id, "ACTIVE")
+    assert [(f["seq"], f["tool_call_id"]) for f in statement["facts"]] == [(1, "ev-1")]
 
 
 def test_the_run_block_ends_the_run_on_normal_exit(harness: Harness, run_id: str) -> None:

@@ -217,6 +217,11 @@ class AsyncRun:
         body, status = await self._harness._send(_wire.invocation(self._run_id, tool_call_id))
         return as_object(body, "a record", status)
 
+    async def evidence(self) -> dict[str, Any]:
+        """The run's signed evidence bundle, as a dict."""
+        body, status = await self._harness._send(_wire.run_call("GET", self._run_id, "evidence"))
+        return as_object(body, "an evidence bundle", status)
+
 
 class AsyncAgent:
     """The async ``Agent``: lists and calls tools with the run token (see ``Agent``).

@@ -235,6 +235,11 @@ class Run:
         body, status = self._harness._send(_wire.invocation(self._run_id, tool_call_id))
         return as_object(body, "a record", status)
 
+    def evidence(self) -> dict[str, Any]:
+        """The run's signed evidence bundle (a JWS in its general JSON serialization), as a dict."""
+        body, status = self._harness._send(_wire.run_call("GET", self._run_id, "evidence"))
+        return as_object(body, "an evidence bundle", status)
+
 
 class Agent:
     """A run's agent side: lists and calls tools on toolgate's agent listener with the run token.
