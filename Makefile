@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export TOOLGATE_BIN ?= $(CURDIR)/target/debug/toolgate
 
-CI_STEPS := deps lint fmt clippy test fuzz build sdk-python k8s monitoring e2e soak schemathesis bench-quick
+CI_STEPS := deps lint fmt clippy test fuzz build sdk-python sdk-typescript k8s monitoring e2e soak schemathesis bench-quick
 
 .PHONY: ci $(CI_STEPS)
 
@@ -49,6 +49,11 @@ build:
 # the framework releases pinned in clients/python/requirements-test.txt (scripts/sdk-python.sh).
 sdk-python: build
 	scripts/sdk-python.sh
+
+# The TypeScript SDK (clients/typescript): npm ci, tsc, biome and node --test against the real
+# sidecar (scripts/sdk-typescript.sh).
+sdk-typescript: build
+	scripts/sdk-typescript.sh
 
 k8s: build
 	scripts/k8s-check.sh
