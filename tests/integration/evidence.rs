@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use serde_json::{Value, json};
 use toolgate::evidence::jws;
@@ -12,6 +11,7 @@ use toolgate::store::memory::MemoryStore;
 use toolgate::store::{self, Store};
 
 use crate::boundary::{Env, assert_admin_error, assert_ready, on_both_stores};
+use crate::redis::{q, raw};
 use crate::store::{new_run, projecting, ready, sealer};
 use crate::support::redis_cluster;
 use crate::support::sidecar::{Reply, Sidecar};
@@ -161,25 +161,6 @@ async fn bundle_verifies_offline_against_the_jwks(store_yaml: String) {
     assert_admin_error(&r, 401, "UNAUTHENTICATED");
 }
 
-/// A direct cluster connection, to change keys the way someone with access to Redis could.
-async fn raw_redis() -> ClusterConnection {
-    ClusterClient::new(redis_cluster::shared().urls())
-        .expect("client")
-        .get_async_connection()
-        .await
-        .expect("raw cluster connection")
-}
-
-async fn q<T: redis::FromRedisValue>(conn: &mut ClusterConnection, args: &[&str]) -> T {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query_async(conn)
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
 /// Replaces the first `from` in the text at `key` with `to`, keeping the key's TTL.
 async fn edit(conn: &mut ClusterConnection, key: &str, from: &str, to: &str) {
     let text: String = q(conn, &["GET", key]).await;
@@ -206,7 +187,7 @@ async fn records_changed_in_redis_are_never_facts() {
         );
     }
     let key = |id: &str| format!("toolgate:{{{}}}:{id}", run.id);
-    let mut conn = raw_redis().await;
+    let mut conn = raw(redis_cluster::shared()).await;
     let c = &mut conn;
     edit(c, &key("raw"), r#"{"title":"t0""#, r#"{"title":"forged""#).await;
     edit(

@@ -24,7 +24,7 @@ use crate::store::{
 use crate::support::redis_cluster::{self, RedisCluster};
 
 /// A direct cluster connection, to look at keys the way an operator would.
-async fn raw(cluster: &RedisCluster) -> ClusterConnection {
+pub async fn raw(cluster: &RedisCluster) -> ClusterConnection {
     ClusterClient::new(cluster.urls())
         .expect("client")
         .get_async_connection()
@@ -32,7 +32,7 @@ async fn raw(cluster: &RedisCluster) -> ClusterConnection {
         .expect("raw cluster connection")
 }
 
-async fn q<T: redis::FromRedisValue>(conn: &mut ClusterConnection, args: &[&str]) -> T {
+pub async fn q<T: redis::FromRedisValue>(conn: &mut ClusterConnection, args: &[&str]) -> T {
     let mut cmd = redis::cmd(args[0]);
     for a in &args[1..] {
         cmd.arg(*a);
