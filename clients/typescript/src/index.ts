@@ -1,10 +1,23 @@
 // toolgate's TypeScript client. `Harness` creates and ends runs on toolgate's admin listener;
 // `Agent` lists and calls a run's tools on the agent listener, under the agent framework's own
-// tool call ids. Every failure is a `ToolgateError` with a stable `code`. Framework adapters live
-// in the subpaths `@toolgate/client/ai` and `@toolgate/client/openai-agents`.
+// tool call ids. Every failure is a `ToolgateError` with a stable `code`. `verifyEvidence` checks
+// a run's signed evidence offline (with `jose`, imported only when it runs). Framework adapters
+// live in the subpaths `@toolgate/client/ai` and `@toolgate/client/openai-agents`.
 
 import type { Facts, JsonObject, ToolResult, ToolSpec } from "./wire.js";
 import * as wire from "./wire.js";
+
+export {
+  EVIDENCE_ALG,
+  EVIDENCE_HEADER_TYP,
+  type EvidenceRecords,
+  InvalidEvidence,
+  type RecordBody,
+  STATEMENT_TYP,
+  type Statement,
+  type StatementFact,
+  verifyEvidence,
+} from "./evidence.js";
 
 export {
   DEFAULT_TIMEOUT_MS,
