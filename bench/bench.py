@@ -8,9 +8,12 @@ with wrk, interleaved round by round, and prints one table plus a JSON file. Sta
 """
 
 import argparse
+import base64
 import datetime
+import http.client
 import http.server
 import json
+import math
 import os
 import platform
 import re
@@ -321,7 +324,7 @@ tools:
 
 def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_ports, args,
                    front="invoke", wrapper=(), ready_timeout=20, otel_endpoint=None,
-                   record_ttl_ms=None):
+                   record_ttl_ms=None, run_id=None):
     ports = {k: free_port() for k in ("agent", "admin", "telemetry")}
     cfg = os.path.join(workdir, f"{name}.yaml")
     with open(cfg, "w") as f:
@@ -341,7 +344,7 @@ def start_toolgate(procs, workdir, name, toolgate_bin, tool_url, store, redis_po
         return None, f"{e}; log: {log_tail(workdir, name)}"
     if not ready:
         return None, f"exited with {p.returncode}; log: {log_tail(workdir, name)}"
-    run_id = f"bench-{store}"
+    run_id = run_id or f"bench-{store}"
     status, body = post_json(f"http://127.0.0.1:{ports['admin']}/v1/runs", {
         "run_id": run_id,
         "timeout_ms": args.run_timeout_ms,
@@ -635,6 +638,292 @@ def sequential_calls(path, n, prefix):
             bad += 1
     conn.close()
     return bad
+
+
+# ----------------------------------------------------------------------------------------------
+# Signed evidence: GET …/evidence next to GET …/facts on one run of EVIDENCE_FACTS facts.
+
+# The paths whose store the evidence leg measures, each with a toolgate of its own.
+EVIDENCE_PATHS = ("toolgate-memory", "toolgate-redis-primary")
+EVIDENCE_FACTS = 100
+# Untimed requests of each endpoint before the timed ones (checked all the same).
+EVIDENCE_WARMUP = 20
+EVIDENCE_ENDPOINTS = {"facts": "/v1/runs/{run_id}/facts", "evidence": "/v1/runs/{run_id}/evidence"}
+
+
+def b64url_json(part):
+    """The JSON value an unpadded base64url part of a JWS encodes."""
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+def facts_problem(doc, run_id, n):
+    """Why a facts body (or a bundle's statement) is not run_id's n facts, none excluded, or None."""
+    if doc.get("run_id") != run_id:
+        return f"run_id {doc.get('run_id')!r}, not {run_id!r}"
+    facts = doc.get("facts")
+    if not isinstance(facts, list) or len(facts) != n:
+        return f"{len(facts) if isinstance(facts, list) else facts!r} facts, not {n}"
+    if doc.get("excluded") != 0 or doc.get("tampered") != 0:
+        return f"excluded {doc.get('excluded')!r}, tampered {doc.get('tampered')!r}, not 0"
+    return None
+
+
+def check_facts(status, body, run_id, n):
+    """Why a `GET …/facts` answer is not a good one (200, run_id's n facts, none excluded), or None."""
+    if status != 200:
+        return f"facts: status {status}: {body[:200]!r}"
+    try:
+        problem = facts_problem(json.loads(body), run_id, n)
+    except (ValueError, AttributeError) as e:
+        return f"facts: malformed: {e}"
+    return problem and f"facts: {problem}"
+
+
+def check_bundle(status, body, run_id, n):
+    """Why a `GET …/evidence` answer is not a good one, or None: 200, a JWS in the General JSON
+    Serialization with exactly one signature, the protected header toolgate's, and a statement of
+    run_id's n facts (seq 1..n), none excluded, in an ENDED run. The signature itself is checked
+    once per leg, by `toolgate verify` (verify_bundle)."""
+    if status != 200:
+        return f"evidence: status {status}: {body[:200]!r}"
+    try:
+        jws = json.loads(body)
+        if set(jws) != {"payload", "signatures"} or len(jws["signatures"]) != 1:
+            return f"evidence: not a JWS with one signature: members {sorted(jws)}"
+        sig = jws["signatures"][0]
+        header = b64url_json(sig["protected"])
+        if header.get("alg") != "EdDSA" or header.get("typ") != "toolgate-evidence+json" \
+                or not header.get("kid") or not sig.get("signature"):
+            return f"evidence: protected header {header}"
+        statement = b64url_json(jws["payload"])
+        if statement.get("typ") != "toolgate.evidence.v1" or statement.get("state") != "ENDED":
+            return (f"evidence: statement typ {statement.get('typ')!r}, state "
+                    f"{statement.get('state')!r}")
+        problem = facts_problem(statement, run_id, n)
+        if problem:
+            return f"evidence: {problem}"
+        if [f.get("seq") for f in statement["facts"]] != list(range(1, n + 1)):
+            return "evidence: seq is not 1..n"
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        return f"evidence: malformed: {e!r}"
+    return None
+
+
+def percentile(xs, q):
+    """The q-th percentile of xs by nearest rank (the smallest x with at least q % of xs at or
+    below it); None for no xs."""
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def ms(us):
+    return None if us is None else us / 1000
+
+
+def endpoint_figures(blocks):
+    """One endpoint's figures from its timed blocks, one block a round (`timed_gets` and the CPU
+    over it): p50 and p99 of each round and their median over rounds, the proxy's and the
+    store's CPU per request over every block, and the failures."""
+    p50 = [ms(percentile(b["latency_us"], 50)) for b in blocks]
+    p99 = [ms(percentile(b["latency_us"], 99)) for b in blocks]
+    reqs = sum(b["requests"] for b in blocks)
+    store = [b["store_cpu_s"] for b in blocks]
+    return {
+        "latency_ms": {"p50": {"median": median(p50), "rounds": p50},
+                       "p99": {"median": median(p99), "rounds": p99},
+                       "max": ms(max((max(b["latency_us"]) for b in blocks if b["latency_us"]),
+                                     default=None))},
+        "requests": reqs,
+        "failed": sum(b["failed"] for b in blocks),
+        "errors": [e for b in blocks for e in b["errors"]][:3],
+        "cpu_us_per_request": sum(b["cpu_s"] for b in blocks) / reqs * 1e6 if reqs else None,
+        "store_cpu_us_per_request": sum(store) / reqs * 1e6
+        if reqs and None not in store else None,
+        "body_bytes": blocks[-1]["body_bytes"] if blocks else None,
+    }
+
+
+def paired_added(xs, ys):
+    """The median over rounds of x - y, each round's pair with both measured."""
+    return median([x - y for x, y in zip(xs, ys, strict=False) if x is not None and y is not None])
+
+
+def evidence_vs_facts(ev, facts):
+    """evidence next to facts (endpoint_figures each): p50 and p99 added, paired per round, and
+    the ratio of the proxy's CPU per request."""
+    e, f = ev["latency_ms"], facts["latency_ms"]
+    ec, fc = ev["cpu_us_per_request"], facts["cpu_us_per_request"]
+    return {"p50_added_ms": paired_added(e["p50"]["rounds"], f["p50"]["rounds"]),
+            "p99_added_ms": paired_added(e["p99"]["rounds"], f["p99"]["rounds"]),
+            "cpu_ratio": ec / fc if ec is not None and fc else None}
+
+
+def timed_gets(conn, target, n, check):
+    """n GETs of `target` with the admin token, one after another on the keep-alive `conn`, each
+    answer checked by `check(status, body)` once its time is taken. Returns the latencies in us
+    (from sending the request to the last byte of the answer, on this client), how many failed,
+    the first few reasons, and the last answer's size in bytes."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    lat, failed, why, size = [], 0, [], 0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", target, headers=headers)
+            r = conn.getresponse()
+            body = r.read()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()  # the next request opens a new connection
+            failed += 1
+            if len(why) < 3:
+                why.append(f"{target}: {e!r}")
+            continue
+        lat.append((time.perf_counter() - t0) * 1e6)
+        problem = check(r.status, body)
+        if problem:
+            failed += 1
+            if len(why) < 3:
+                why.append(problem)
+        size = len(body)
+    return lat, failed, why, size
+
+
+def verify_bundle(toolgate_bin, admin, run_id, workdir, name):
+    """One bundle of the run and the JWK Set, checked with `toolgate verify`: its line, and
+    whether it says the bundle is valid with EVIDENCE_FACTS facts."""
+    files = {}
+    for what, target, headers in (
+            ("bundle", EVIDENCE_ENDPOINTS["evidence"].format(run_id=run_id),
+             {"Authorization": f"Bearer {ADMIN_TOKEN}"}),
+            ("jwks", "/.well-known/jwks.json", {})):
+        files[what] = os.path.join(workdir, f"{name}-{what}.json")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(admin + target, headers=headers),
+                                        timeout=30) as r, open(files[what], "wb") as f:
+                f.write(r.read())
+        except (urllib.error.URLError, OSError) as e:
+            return f"GET {target}: {e}", False
+    r = subprocess.run([toolgate_bin, "verify", "--bundle", files["bundle"], "--jwks",
+                        files["jwks"]], capture_output=True, text=True, timeout=60)
+    line = (r.stdout.strip() or r.stderr.strip()).splitlines()[-1:] or [f"exit {r.returncode}"]
+    ok = r.returncode == 0 and line[0].startswith(f"valid: run {run_id}, {EVIDENCE_FACTS} facts,")
+    return line[0], ok
+
+
+def evidence_leg(args, procs, workdir, tool, redis, name, requests, rounds, log):
+    """`GET …/evidence` next to `GET …/facts` on `name`'s store, with a toolgate of its own
+    (records kept an hour, so none expires during the leg): EVIDENCE_FACTS READY calls through
+    the agent listener, the run ended, EVIDENCE_WARMUP untimed requests of each endpoint, then
+    `requests` of each endpoint in `rounds` blocks, one request at a time on one keep-alive
+    connection to the admin listener, the two endpoints' blocks alternated and their order
+    rotated every round; the toolgate's CPU (and on Redis the six nodes') over each block. Last,
+    one bundle goes through `toolgate verify`. Every answer is checked (check_facts,
+    check_bundle); the entry's `failed` counts every call, request or check that failed."""
+    spec = next(p for p in PATHS if p["name"] == name)
+    store, tg_name, run_id = spec["store"], f"{name}-evidence", f"bench-evidence-{spec['store']}"
+    on_redis = store != "memory"
+    tg, why = start_toolgate(procs, workdir, tg_name, args.toolgate, tool["url"], store,
+                             redis["ports"] if on_redis else [], args, record_ttl_ms=3600 * 1000,
+                             run_id=run_id)
+    if tg is None:
+        if args.allow_unavailable:
+            log(f"{tg_name}: UNAVAILABLE: {why}")
+            return {"unavailable": why}
+        raise Failure(f"{tg_name}: {why}")
+    entry = {"store": store, "run_id": run_id, "facts_per_run": EVIDENCE_FACTS}
+    try:
+        failed = sequential_calls(tg, EVIDENCE_FACTS, "ev")
+        admin = f"http://127.0.0.1:{tg['ports']['admin']}"
+        status, body = post_json(f"{admin}/v1/runs/{run_id}/end", {}, ADMIN_TOKEN)
+        ended = status == 200 and isinstance(body, dict) and \
+            facts_problem(body, run_id, EVIDENCE_FACTS) is None
+        if failed or not ended:
+            entry.update(failed=failed + (not ended), error=(
+                f"{failed} of {EVIDENCE_FACTS} calls not READY; POST …/end answered {status}: "
+                f"{str(body)[:200]}"))
+            log(f"evidence   {name}: FAILED before timing: {entry['error']}")
+            return entry
+        conn = http.client.HTTPConnection("127.0.0.1", tg["ports"]["admin"], timeout=30)
+        targets = {k: v.format(run_id=run_id) for k, v in EVIDENCE_ENDPOINTS.items()}
+        checks = {"facts": check_facts, "evidence": check_bundle}
+        warm = {k: timed_gets(conn, targets[k], EVIDENCE_WARMUP,
+                              lambda st, b, k=k: checks[k](st, b, run_id, EVIDENCE_FACTS))
+                for k in targets}
+        nodes = redis["pids"] if on_redis else []
+        per_round = -(-requests // rounds)
+        blocks = {k: [] for k in targets}
+        for rnd in range(rounds):
+            for k in rotate(list(targets), rnd):
+                cpu0, nodes0 = cpu_seconds([tg["pid"]]), cpu_seconds(nodes)
+                lat, f, why, size = timed_gets(
+                    conn, targets[k], per_round,
+                    lambda st, b, k=k: checks[k](st, b, run_id, EVIDENCE_FACTS))
+                b = {"latency_us": lat, "requests": per_round, "failed": f, "errors": why,
+                     "cpu_s": cpu_seconds([tg["pid"]]) - cpu0,
+                     "store_cpu_s": cpu_seconds(nodes) - nodes0 if on_redis else None,
+                     "body_bytes": size}
+                blocks[k].append(b)
+                log(f"evidence   {name + ' ' + k:32} p50 {fmt(ms(percentile(lat, 50)), '.3f')} ms"
+                    f"  p99 {fmt(ms(percentile(lat, 99)), '.3f')} ms  CPU "
+                    f"{b['cpu_s'] / per_round * 1e6:.0f} us/request  {size} bytes"
+                    + (f"  FAILED {f}: {why[0]}" if f else ""))
+        conn.close()
+        line, ok = verify_bundle(args.toolgate, admin, run_id, workdir, tg_name)
+        log(f"evidence   {name}: toolgate verify: {line}")
+        for k in targets:
+            # The warm-up's failures count with the endpoint's, and a bundle that does not
+            # verify as one failed evidence request.
+            entry[k] = endpoint_figures(blocks[k])
+            entry[k]["endpoint"] = "GET " + EVIDENCE_ENDPOINTS[k]
+            entry[k]["failed"] += warm[k][1]
+            entry[k]["errors"] = (warm[k][2] + entry[k]["errors"])[:3]
+        entry["evidence"]["failed"] += not ok
+        entry["evidence_vs_facts"] = evidence_vs_facts(entry["evidence"], entry["facts"])
+        entry["verify"] = {"line": line, "ok": ok}
+        entry["failed"] = entry["facts"]["failed"] + entry["evidence"]["failed"]
+        return entry
+    finally:
+        os.kill(tg["pid"], signal.SIGTERM)
+
+
+def print_evidence(ev):
+    """Below the table: GET …/facts and GET …/evidence on the same run, each store."""
+    if not ev:
+        return
+    print()
+    print(f"GET …/facts and GET …/evidence (signed) on one ended run of {ev['facts_per_run']} facts, "
+          f"on the admin listener, one request at a time\non one connection: {ev['rounds']} "
+          f"round(s) x {ev['requests_per_round']} requests of each, interleaved; medians over "
+          f"rounds; +p50/+p99: evidence minus facts,\npaired per round; CPU us: toolgate's per "
+          f"request; others us: the Redis nodes' per request; KiB: the answer's size")
+    cols = [("path", 32), ("p50 ms", 7), ("p99 ms", 7), ("+p50 ms", 8), ("+p99 ms", 8),
+            ("CPU us", 8), ("/facts CPU", 10), ("others us", 9), ("KiB", 7), ("failed", 7)]
+    head = " ".join(n.ljust(w) if i == 0 else n.rjust(w) for i, (n, w) in enumerate(cols))
+    print(head)
+    print("-" * len(head))
+    for name, e in ev["paths"].items():
+        if e.get("unavailable") or e.get("error"):
+            why = e.get("unavailable") or e["error"]
+            print(f"{name.ljust(32)} {'unavailable' if e.get('unavailable') else 'FAILED'}: "
+                  f"{why[:95]}")
+            continue
+        vs = e["evidence_vs_facts"]
+        for k in ("facts", "evidence"):
+            r = e[k]
+            ev_row = k == "evidence"
+            cells = [f"{name} {k}", fmt(r["latency_ms"]["p50"]["median"], ".3f"),
+                     fmt(r["latency_ms"]["p99"]["median"], ".3f"),
+                     fmt(vs["p50_added_ms"] if ev_row else None, "+.3f"),
+                     fmt(vs["p99_added_ms"] if ev_row else None, "+.3f"),
+                     fmt(r["cpu_us_per_request"], ".0f"),
+                     fmt(vs["cpu_ratio"] if ev_row else None, ".2f"),
+                     fmt(r["store_cpu_us_per_request"], ".0f"),
+                     fmt(r["body_bytes"] / 1024 if r["body_bytes"] else None, ".1f"),
+                     str(r["failed"])]
+            print(" ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, (_, w)) in
+                           enumerate(zip(cells, cols, strict=True))))
+        print(f"{'':32} toolgate verify: {e['verify']['line']}")
 
 
 def callgrind_dump(pid, workdir, prefix):
@@ -943,6 +1232,8 @@ def median(xs):
 
 
 def rotate(xs, k):
+    if not xs:
+        return []
     k %= len(xs)
     return xs[k:] + xs[:k]
 
@@ -1133,7 +1424,7 @@ def targets(report):
             rss.get("idle") is not None and rss["idle"] <= 30)
         add("redis primary RSS under 32-connection load (MiB)", "<= 60", rss.get("load"),
             rss.get("load") is not None and rss["load"] <= 60)
-    else:
+    elif report["paths"]:
         out.append({"target": "Redis Cluster targets", "goal": "measured",
                     "measured": "path unavailable", "met": None})
     if rep and not rep.get("unavailable"):
@@ -1197,6 +1488,14 @@ def main():
                     help="memory store: the live records of the latency phase that holds them "
                     "(default 1000000, 0 in a quick run; 0 skips it)")
     ap.add_argument("--run-timeout-ms", type=int, default=6 * 3600 * 1000)
+    ap.add_argument("--evidence-requests", type=int,
+                    help="signed evidence: timed requests of GET …/evidence, and as many of "
+                    f"GET …/facts, on a run of {EVIDENCE_FACTS} facts, per store (default 1000, "
+                    "0 in a quick run; 0 skips it)")
+    ap.add_argument("--only", choices=["evidence"],
+                    help="evidence: only the signed evidence leg, on the stores of --paths' "
+                    f"{' and '.join(EVIDENCE_PATHS)} (default both); writes "
+                    "bench/results/evidence.json unless --out")
     ap.add_argument("--sched-waits", action="store_true",
                     help="record every latency leg with `perf sched` (needs perf and root) and "
                     "report how busy the CPUs were and how often a woken process waited for "
@@ -1214,8 +1513,15 @@ def main():
     rt_calls = args.rt_calls or (200 if quick else 2000)
     if args.live_records is None:
         args.live_records = 0 if quick else 1_000_000
-    # A run watched by perf sched is slowed by it: it never replaces the committed full run.
-    default_out = "quick.json" if quick else "sched.json" if args.sched_waits else "latest.json"
+    if args.evidence_requests is None:
+        args.evidence_requests = 0 if quick else 1000
+    if args.only == "evidence" and args.evidence_requests <= 0:
+        raise SystemExit("--only evidence measures nothing with --evidence-requests 0 "
+                         "(the default with --quick)")
+    # A run watched by perf sched is slowed by it, and a run of one leg is no full run: neither
+    # replaces the committed full run.
+    default_out = ("evidence.json" if args.only == "evidence" else "quick.json" if quick
+                   else "sched.json" if args.sched_waits else "latest.json")
     out_path = args.out or os.path.join(BENCH_DIR, "results", default_out)
     wanted = [p["name"] for p in PATHS]
     if args.paths:
@@ -1250,6 +1556,13 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         print(f"[{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
+    # The signed evidence leg's stores; with --only evidence, none of the paths' own phases.
+    ev_paths = [n for n in EVIDENCE_PATHS if n in wanted] if args.evidence_requests > 0 else []
+    if args.only == "evidence":
+        if not ev_paths:
+            raise Failure(f"--only evidence: --paths names none of {', '.join(EVIDENCE_PATHS)}")
+        wanted = []
+
     tool = start_tool(procs, args.tool)
     log(f"fake_tool on {tool['url']}")
     paths = {}
@@ -1263,7 +1576,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         paths["nginx"] = ng
         log(f"nginx on {ng['url']} ({ng['workers']} worker processes)")
     redis = None
-    need_redis = any(p["store"] in ("primary", "replica") and p["name"] in wanted for p in PATHS)
+    need_redis = any(p["store"] in ("primary", "replica") and p["name"] in wanted for p in PATHS) \
+        or "toolgate-redis-primary" in ev_paths
     if need_redis:
         redis = start_redis(procs, workdir, args.redis_cluster, args.redis_hz)
         log(f"Redis Cluster on 127.0.0.1:{redis['ports'][0]}..{redis['ports'][-1]}, "
@@ -1342,6 +1656,18 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
                 f"{s['finalized_calls']} calls {s['round_trips_by_command']}; Redis commands incl. "
                 f"inside scripts {s['redis_commands_per_call_incl_scripts']:.2f}")
 
+    evidence = None
+    if ev_paths:
+        evidence = {"facts_per_run": EVIDENCE_FACTS, "run_state": "ENDED", "rounds": rounds,
+                    "requests_per_round": -(-args.evidence_requests // rounds), "connections": 1,
+                    "warmup_requests": EVIDENCE_WARMUP, "paths": {}}
+        for n in ev_paths:
+            e = evidence_leg(args, procs, workdir, tool, redis, n, args.evidence_requests, rounds,
+                             log)
+            evidence["paths"][n] = e
+            if e.get("unavailable"):
+                unavailable[f"{n} evidence"] = e["unavailable"]
+
     live = None
     if args.live_records and "toolgate-memory" in wanted:
         rps = median([r["rps"] for r in legs["toolgate-memory"]["throughput"]])
@@ -1363,6 +1689,8 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
             "fake_tool_worker_threads": 1, "record_ttl_ms": args.record_ttl_ms,
             "redis_hz": redis["hz"] if redis else None,
             "sched_waits": args.sched_waits,
+            "evidence_requests": args.evidence_requests,
+            "only": args.only,
             "toolgate_env": args.toolgate_env or [],
             "otel_sink": sink.stats() if sink else None,
         },
@@ -1468,6 +1796,9 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
         if nginx_us and e.get("cpu_us_per_call") is not None:
             e["ratios"]["cpu_vs_nginx"] = e["cpu_us_per_call"] / nginx_us
     report["mcp_vs_invoke"] = mcp_vs_invoke(report)
+    if evidence:
+        report["evidence"] = evidence
+        total_failed += sum(e.get("failed", 0) for e in evidence["paths"].values())
     if live:
         report["live_records"] = live
         total_failed += live["failed"]
@@ -1484,13 +1815,15 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
 
     m = report["machine"]
     print()
-    print(f"toolgate benchmark ({report['mode']}), {report['date']}, {m['cores']} cores, "
+    print(f"toolgate benchmark ({report['mode']}"
+          f"{', only ' + args.only if args.only else ''}), {report['date']}, {m['cores']} cores, "
           f"{m['memory_gib']} GiB, {m['cpu']}; commit {m['toolgate_commit']}")
-    print(f"throughput: {rounds} round(s) x {tput_s}s per path at 32 connections; latency: "
-          f"{rounds} x {lat_s}s at 4 connections, each pausing {args.latency_pace_ms} ms between "
-          f"calls;\nmedians over rounds; ratios and +p99 paired per round")
-    print()
-    print_table(report)
+    if report["paths"]:
+        print(f"throughput: {rounds} round(s) x {tput_s}s per path at 32 connections; latency: "
+              f"{rounds} x {lat_s}s at 4 connections, each pausing {args.latency_pace_ms} ms "
+              f"between calls;\nmedians over rounds; ratios and +p99 paired per round")
+        print()
+        print_table(report)
     print_mcp_vs_invoke(report["mcp_vs_invoke"])
     print_cluster(report)
     print_sched(report)
@@ -1499,6 +1832,7 @@ def run(args, procs, quick, rounds, tput_s, lat_s, warm_s, rt_calls, out_path, w
               f"p99 {live['p99_ms']['median']:.3f} ms at 4 "
               f"connections (rounds {', '.join(f'{x:.3f}' for x in live['p99_ms']['rounds'])}), "
               f"RSS {live['rss_mib']:.0f} MiB")
+    print_evidence(report.get("evidence"))
     print_targets(report["targets"])
     print()
     print(f"written: {out_path} ({report['elapsed_seconds']}s)")
