@@ -24,6 +24,7 @@ fn settings() -> InjectorSettings {
         image: "ghcr.io/example/toolgate:1.0".into(),
         config_map: "toolgate".into(),
         admin_secret: "toolgate-admin".into(),
+        evidence_secret: Some("toolgate-evidence".into()),
     }
 }
 
