@@ -410,6 +410,28 @@ mod tests {
         assert!(err(cfg(Some(dir.join("missing")), vec![])).contains("cannot read"));
         let big = write("big.pem", &"x".repeat(70_000));
         assert!(err(cfg(Some(big), vec![])).starts_with("evidence.signing_key_file: "));
+
+        // Rotation: a bundle signed with the file's key, checked after the sidecar moved to
+        // another key and lists the old one among its previous public keys.
+        let statement = br#"{"typ":"toolgate.evidence.v1","run_id":"run-1","facts":[]}"#;
+        let old_bundle = keys.sign(statement);
+        let rotated = Keys::new(
+            b"k".repeat(32).as_slice(),
+            &KeyFiles::load(&cfg(None, vec![public.clone()])).unwrap(),
+        );
+        assert_ne!(rotated.kid(), keys.kid());
+        let served = rotated.jwks();
+        let old = jws::verify(&old_bundle, served, None).unwrap();
+        assert_eq!(old.kid, keys.kid(), "checked with the previous key");
+        let new = jws::verify(&rotated.sign(statement), served, None).unwrap();
+        assert_eq!(new.kid, rotated.kid());
+        // Without the previous key published, the old bundle names an unknown kid.
+        let forgot = Keys::new(b"k".repeat(32).as_slice(), &KeyFiles::none());
+        assert!(
+            jws::verify(&old_bundle, forgot.jwks(), None)
+                .unwrap_err()
+                .contains("unknown kid")
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
