@@ -4,15 +4,20 @@
 //! canonical record, and comes back to the agent only as a bounded projection. The life of a
 //! call, with these modules, is told in `docs/architecture.md`.
 //!
-//! Data flows one way: [`listen`] → [`call`] → [`store`], with [`metrics`], [`otel`], [`config`],
-//! [`auth`], [`evidence`], [`error`], [`ids`], [`clock`], [`body`], [`compact`], [`wake`] and [`workers`] below them.
+//! Data flows one way: [`listen`] → [`call`] → [`store`]. The modules sit in layers, each using
+//! only the layers below it (`scripts/check_layers.py`, run by `make lint`, keeps this true),
+//! lowest first: [`ids`], [`clock`], [`body`], [`paths`], [`wake`], [`workers`]; [`error`],
+//! [`compact`], [`log`]; [`config`], plain data; [`evidence`], [`auth`]; [`store`]; [`metrics`],
+//! [`otel`]; [`call`]; [`listen`]; and [`demo`], [`injector`] on top.
 //!
 //! - [`listen`]: the three listeners (agent, admin, telemetry), the accept loop, the drain
-//! - [`call`]: the call pipeline: preflight → reserve → execute → project → finalize
+//! - [`call`]: the call pipeline (preflight → reserve → execute → project → finalize), and the
+//!   live policy: each tool's runtime, swapped whole on reload
 //! - [`store`]: the canonical store: the trait, the memory and Redis Cluster backends
 //! - [`metrics`]: every metric and the failure-attribution counts
 //! - [`otel`]: the OpenTelemetry tracer and its OTLP export, off the call path
-//! - [`config`]: the config file, its validation and hot reload
+//! - [`config`]: the config file and its validation, as plain data; the file watch that hands a
+//!   reload over
 //! - [`auth`]: admin and run tokens
 //! - [`evidence`]: record seals, the signing key, bundles and their offline check
 //! - [`error`]: the one error type: code, HTTP status, layer, fixed message

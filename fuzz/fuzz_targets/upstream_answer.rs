@@ -1,4 +1,4 @@
-//! `call::h1::Conn::read_answer`, the plain-HTTP tool client's answer reader, on arbitrary bytes
+//! `call::upstream::h1::Conn::read_answer`, the plain-HTTP tool client's answer reader, on arbitrary bytes
 //! from the tool: the first two bytes pick the cap on the body, the third the size of the pipe
 //! (so reads come in pieces), the rest is what the tool sends before it closes. Never panics or
 //! hangs; a status has at most three digits; a body that was read is within the cap; a
@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::AsyncWriteExt;
-use toolgate::call::h1::Conn;
+use toolgate::call::upstream::h1::Conn;
 
 fuzz_target!(|data: &[u8]| {
     let [a, b, pipe, sent @ ..] = data else {

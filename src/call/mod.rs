@@ -9,9 +9,8 @@
 //! Front ends (`listen::agent`, `listen::mcp`) only turn their wire format into an [`Incoming`] and an
 //! [`Answer`] back into theirs; every check, record, limit and metric is here or one call away.
 
-pub mod h1;
-pub mod mcp;
-pub mod pool;
+pub mod incoming;
+pub mod live;
 pub mod preflight;
 pub mod projection;
 pub mod roles;
@@ -27,13 +26,15 @@ use serde_json::Value;
 
 use crate::auth::Tokens;
 use crate::clock;
-use crate::config::{Config, LivePolicy, Tool};
+use crate::config::Config;
 use crate::error::{Code, Error, Result, SizeStage};
 use crate::ids::{RunId, ToolCallId};
 use crate::metrics::Metrics;
 use crate::store::{self, Evidence, Finalized, Record, Status, Store};
-use preflight::{Admitted, Rejection};
-pub use preflight::{Form, Incoming, McpCall, Received};
+use live::{LiveTool, PolicySwap};
+use incoming::Rejection;
+use preflight::Admitted;
+pub use incoming::{Form, Incoming, McpCall, Received};
 use projection::{Projected, Projector};
 use runs::{CallGuard, Calls, RunCache, RunSpec};
 use trace::CallSpan;
@@ -41,7 +42,7 @@ use upstream::{ToolRequest, Upstream, UpstreamError};
 
 /// Everything a call needs, shared by all listeners.
 pub struct State {
-    pub policy: Arc<LivePolicy>,
+    pub policy: Arc<PolicySwap>,
     pub tokens: Tokens,
     pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
@@ -73,7 +74,7 @@ impl State {
             ),
         };
         Ok(State {
-            policy: Arc::new(LivePolicy::new(config.policy.clone())),
+            policy: Arc::new(PolicySwap::new(config.policy.clone())),
             tokens,
             store,
             metrics,
@@ -107,10 +108,10 @@ impl State {
     /// The tools `run_id` may call, by name: configured, read-only, and in the run's `tools`
     /// (every such tool when the run names none, or is not known here). MCP `tools/list` and
     /// `GET /v1/tools` both list exactly these.
-    pub async fn callable_tools(&self, run_id: &RunId) -> Result<Vec<Arc<Tool>>> {
+    pub async fn callable_tools(&self, run_id: &RunId) -> Result<Vec<Arc<LiveTool>>> {
         let allowed = self.run_spec(run_id).await?.and_then(|s| s.tools.clone());
         let policy = self.policy.get();
-        let mut tools: Vec<Arc<Tool>> = policy
+        let mut tools: Vec<Arc<LiveTool>> = policy
             .tools
             .values()
             .filter(|t| t.read_only)
@@ -235,7 +236,7 @@ pub async fn handle(state: &State, mut incoming: Incoming) -> Answer {
 struct Reserved {
     run_id: RunId,
     tool_call_id: ToolCallId,
-    tool: Arc<Tool>,
+    tool: Arc<LiveTool>,
     /// Holds the input exactly as it is forwarded.
     record: Record,
     /// The run's deadline as preflight saw it (`None`: the run was not known yet).
@@ -257,7 +258,7 @@ async fn admit(
     span.identified(
         &identified.run_id,
         &identified.tool_call_id,
-        &identified.tool,
+        &identified.tool.spans,
     );
     let incoming = &*incoming;
     let store_failed = |error: Error, id: &preflight::Identified| Rejection {
@@ -365,7 +366,7 @@ impl Executed {
 /// projects its answer.
 async fn execute(
     state: &State,
-    tool: &Tool,
+    tool: &LiveTool,
     record: &Record,
     deadline_ms: Option<u64>,
     incoming: &Incoming,
@@ -387,7 +388,7 @@ async fn execute(
     } else {
         (tool.timeout, Code::ToolTimeout)
     };
-    let upstream_span = span.upstream(tool);
+    let upstream_span = span.upstream(&tool.spans);
     let request = ToolRequest {
         uri: &tool.upstream,
         connections: &tool.connections,
@@ -413,7 +414,7 @@ async fn execute(
     state
         .metrics
         .upstream(&tool.name, &tool.metrics, started.elapsed());
-    upstream_span.end(&answered);
+    upstream_span.end(|| upstream::span_outcome(&answered));
     let reply = match answered {
         Err(_) => return Executed::failed(Error::with_cause(timeout_code, "tool timed out")),
         Ok(Err(UpstreamError::TooLarge { status })) => {
@@ -522,7 +523,7 @@ async fn execute(
 /// Writes the outcome onto the PROJECTING record and decides what the agent is told.
 async fn finalize(
     state: &State,
-    tool: &Tool,
+    tool: &LiveTool,
     mut record: Record,
     executed: Executed,
     started: Instant,

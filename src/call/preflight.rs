@@ -8,70 +8,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::HeaderMap;
-use hyper::header::HeaderValue;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+use super::incoming::{Form, Incoming, Received, Rejection};
+use super::live::{LivePolicy, LiveTool};
 use crate::auth::Tokens;
 use crate::body::value_depth;
-use crate::config::{Policy, Tool};
 use crate::error::{Code, Error};
-use crate::ids::{RunId, ToolCallId, ToolName};
-
-/// Which of the two equivalent call forms a request used.
-#[derive(Debug, Clone)]
-pub enum Form {
-    /// `POST /v1/invoke` with `{"run_id","tool_call_id","tool","input"}`.
-    Envelope,
-    /// An MCP `tools/call`, already read from its JSON-RPC message: `name` is the tool,
-    /// `arguments` the input, the ids come from `_meta`.
-    Mcp(McpCall),
-    /// `POST /tools/{tool}` with `X-Run-Id` and `X-Tool-Call-Id`; the body is the input.
-    Intercept { tool: String },
-}
-
-/// What an MCP `tools/call` claims. Each field is only trusted by the step that checks it.
-#[derive(Debug, Clone)]
-pub struct McpCall {
-    pub tool: String,
-    pub run_id: Option<String>,
-    pub tool_call_id: Option<String>,
-    /// `arguments`; `None` when it is not a JSON object (step 9 refuses it).
-    pub input: Option<Value>,
-    pub traceparent: Option<HeaderValue>,
-    /// The JSON-RPC id of the request, as a string: for the trace only.
-    pub request_id: Option<String>,
-}
-
-/// A request body as the listener read it.
-pub enum Received {
-    Complete(Bytes),
-    /// Over the read cap (the largest configured `request_bytes` + 1).
-    TooLarge,
-    /// The client failed to send it (a broken connection, or too slow).
-    Broken,
-}
-
-/// A request as it arrived.
-pub struct Incoming {
-    pub form: Form,
-    pub headers: HeaderMap,
-    pub body: Received,
-}
-
-/// A rejected call: the error, the id to echo (safe or none), and the tool if it is configured.
-#[derive(Debug)]
-pub struct Rejection {
-    pub error: Error,
-    pub tool_call_id: Option<ToolCallId>,
-    pub tool: Option<ToolName>,
-}
+use crate::ids::{RunId, ToolCallId};
 
 /// A call that passed steps 1–6: identified, authenticated, bound to its run and tool.
 pub struct Identified {
     pub run_id: RunId,
     pub tool_call_id: ToolCallId,
-    pub tool: Arc<Tool>,
+    pub tool: Arc<LiveTool>,
     input: Option<Value>,
 }
 
@@ -79,7 +30,7 @@ pub struct Identified {
 pub struct Admitted {
     pub run_id: RunId,
     pub tool_call_id: ToolCallId,
-    pub tool: Arc<Tool>,
+    pub tool: Arc<LiveTool>,
     /// The input object exactly as it will be forwarded and recorded.
     pub input: Value,
 }
@@ -272,28 +223,20 @@ impl<'a> Claims<'a> {
 }
 
 impl Incoming {
-    /// The W3C trace context to pass on to the tool: the header, or for MCP the `_meta` key.
-    pub fn traceparent(&self) -> Option<&HeaderValue> {
-        match &self.form {
-            Form::Mcp(call) => call.traceparent.as_ref(),
-            Form::Envelope | Form::Intercept { .. } => self.headers.get("traceparent"),
-        }
-    }
-
     fn claims(&self) -> Claims<'_> {
         Claims::of(&self.form, &self.headers, &self.body)
     }
 }
 
 /// A rejection before any check (the sidecar is draining), echoing what the request claims.
-pub fn refuse(policy: &Policy, incoming: &Incoming, code: Code) -> Rejection {
+pub fn refuse(policy: &LivePolicy, incoming: &Incoming, code: Code) -> Rejection {
     let claims = incoming.claims();
     let tool = claims.tool.as_deref().and_then(|t| policy.tool(t));
     rejection(&claims, tool, code)
 }
 
 /// A rejection found before step 6: the safe id the request carried, the tool if configured.
-fn rejection(claims: &Claims, tool: Option<&Arc<Tool>>, code: Code) -> Rejection {
+fn rejection(claims: &Claims, tool: Option<&Arc<LiveTool>>, code: Code) -> Rejection {
     Rejection {
         error: Error::new(code),
         tool_call_id: claims.safe_id(),
@@ -303,7 +246,7 @@ fn rejection(claims: &Claims, tool: Option<&Arc<Tool>>, code: Code) -> Rejection
 
 /// Steps 1–6. The input is moved out of `incoming` (an MCP call's arguments), not copied.
 pub fn identify(
-    policy: &Policy,
+    policy: &LivePolicy,
     tokens: &Tokens,
     incoming: &mut Incoming,
 ) -> Result<Identified, Rejection> {

@@ -93,12 +93,6 @@ impl Projection {
         self.shape_text(text, &items, selected.total)
     }
 
-    /// The plan of [`Projection::project_text`]'s result: `select` with `max_items` as the
-    /// [`compact::Select`] of the compacting pass.
-    pub fn plan(&self) -> Option<compact::Select> {
-        compact::Select::new(&self.select, self.max_items.unwrap_or(usize::MAX))
-    }
-
     /// The result made of the selected value's text; for an array, `items` holds (at least)
     /// the texts of the items kept, of `total`.
     fn shape_text(&self, selected: &str, items: &[&str], total: usize) -> Option<String> {

@@ -15,9 +15,8 @@ use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer 
 use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::{SdkTracer, Span};
 
-use super::preflight::{Form, Incoming, Rejection};
-use super::upstream::{Reply, UpstreamError};
-use crate::config::{Protocol, Tool};
+use super::incoming::{Form, Incoming, Rejection};
+use crate::config::Protocol;
 use crate::error::Error;
 use crate::otel::Tracing;
 use crate::store::Evidence;
@@ -78,11 +77,11 @@ impl CallSpan {
     }
 
     /// The call passed authentication: its run, id and (configured) tool are known.
-    pub fn identified(&mut self, run_id: &str, tool_call_id: &str, tool: &Tool) {
+    pub fn identified(&mut self, run_id: &str, tool_call_id: &str, spans: &ToolSpans) {
         let Some(live) = &mut self.0 else {
             return;
         };
-        let named = (tool.spans.call_name.clone(), tool.spans.tool_name.clone());
+        let named = (spans.call_name.clone(), spans.tool_name.clone());
         live.identify(Some(run_id), Some(tool_call_id), Some(named));
     }
 
@@ -164,11 +163,10 @@ impl CallSpan {
     }
 
     /// Starts the span of the request to the tool service.
-    pub fn upstream(&self, tool: &Tool) -> UpstreamSpan {
+    pub fn upstream(&self, spans: &ToolSpans) -> UpstreamSpan {
         let Some(live) = &self.0 else {
             return UpstreamSpan(None);
         };
-        let spans = &tool.spans;
         let span = live.child(
             spans.upstream_name.clone(),
             SpanKind::Client,
@@ -335,11 +333,13 @@ impl UpstreamSpan {
         }
     }
 
-    /// Ends the span with what the tool answered (`Err`: it did not answer in time).
-    pub fn end<E>(self, answered: &Result<Result<Reply, UpstreamError>, E>) {
+    /// Ends the span with `outcome`'s tool HTTP status, if it answered, and `error.type` of a
+    /// failure (`upstream::span_outcome`), asked for only when the span is recorded.
+    pub fn end(self, outcome: impl FnOnce() -> (Option<u16>, Option<Cow<'static, str>>)) {
         let Some(live) = self.0 else {
             return;
         };
+        let (status, error_type) = outcome();
         let mut span = live.span.into_inner().unwrap_or_else(|p| p.into_inner());
         if let Some((id, version)) = live.mcp.into_inner().unwrap_or_else(|p| p.into_inner()) {
             span.set_attribute(KeyValue::new("jsonrpc.request.id", id.to_string()));
@@ -347,26 +347,16 @@ impl UpstreamSpan {
                 span.set_attribute(KeyValue::new("mcp.protocol.version", version));
             }
         }
-        let status = match answered {
-            Ok(Ok(reply)) => Some(reply.status),
-            Ok(Err(UpstreamError::TooLarge { status })) => Some(*status),
-            _ => None,
-        };
         if let Some(status) = status {
             span.set_attribute(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
             ));
         }
-        let error_type: Option<Value> = match answered {
-            Err(_) => Some("timeout".into()),
-            Ok(Err(UpstreamError::Unreachable(_))) => Some("unreachable".into()),
-            Ok(Err(UpstreamError::Body(_))) => Some("body_read".into()),
-            Ok(Err(UpstreamError::TooLarge { .. })) => Some("result_too_large".into()),
-            Ok(Ok(reply)) if reply.status >= 400 => Some(reply.status.to_string().into()),
-            Ok(Ok(Reply { raw: Err(_), .. })) => Some("tool_error".into()),
-            Ok(Ok(_)) => None,
-        };
+        let error_type = error_type.map(|t| match t {
+            Cow::Borrowed(t) => Value::from(t),
+            Cow::Owned(t) => Value::from(t),
+        });
         if let Some(error_type) = error_type {
             span.set_attribute(KeyValue::new("error.type", error_type));
             span.set_status(Status::error("the tool call failed"));

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::error::Role;
 use crate::ids::ToolName;
 
-pub use watch::{LivePolicy, Reload};
+pub use watch::Reload;
 
 /// A config that failed to load or validate. The message names the offending key.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +94,7 @@ struct RawListen {
     telemetry: Option<String>,
     #[serde(default)]
     max_connections: RawConnections,
+    idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -243,22 +244,31 @@ pub struct ListenConfig {
     pub agent: SocketAddr,
     pub admin: SocketAddr,
     pub telemetry: SocketAddr,
-    /// Open connections each listener serves at once; past it a new one is refused at once.
-    pub max_connections: Connections,
+    /// Open connections each listener serves at once. At the cap the longest-idle connection is
+    /// closed to admit a new one; only when every connection has a request in progress is a new
+    /// one refused (`OVERLOADED`).
+    pub max_connections: MaxConnections,
+    /// `listen.idle_timeout_ms`: a connection with no request in progress for this long is
+    /// closed, on every listener.
+    pub idle_timeout: Duration,
 }
 
+/// The default of `listen.idle_timeout_ms`: a minute, longer than HTTP clients keep an idle
+/// connection in their pools (Python's `httpx` 5 s, Node's `undici` 4 s).
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+
 /// `listen.max_connections`. The defaults keep the sidecar's connection memory a small part of
-/// the 64 MiB the injector gives it (an idle connection costs a few KiB; see the README).
+/// the 64 MiB the injector gives it (an idle connection costs a few KiB; see docs/behaviour.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Connections {
+pub struct MaxConnections {
     pub agent: usize,
     pub admin: usize,
     pub telemetry: usize,
 }
 
-impl Default for Connections {
-    fn default() -> Connections {
-        Connections {
+impl Default for MaxConnections {
+    fn default() -> MaxConnections {
+        MaxConnections {
             agent: 512,
             admin: 128,
             telemetry: 32,
@@ -381,6 +391,14 @@ pub struct Projection {
     pub fields: Option<Vec<String>>,
 }
 
+impl Projection {
+    /// `select` with `max_items` as the [`crate::compact::Select`] of the compacting pass;
+    /// `None` when `select` is not a JSON Pointer.
+    pub fn plan(&self) -> Option<crate::compact::Select> {
+        crate::compact::Select::new(&self.select, self.max_items.unwrap_or(usize::MAX))
+    }
+}
+
 /// `protocol`: how a tool's upstream is spoken to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Protocol {
@@ -499,12 +517,6 @@ pub struct Tool {
     /// Absolute, normalized roots a path may also be in, besides the run's workspace.
     pub read_roots: Vec<String>,
     pub network: Network,
-    /// The names and attributes of this tool's spans that every call shares.
-    pub spans: crate::call::trace::ToolSpans,
-    /// This tool's series of the per-call metrics, taken on first use.
-    pub metrics: crate::metrics::ToolHandles,
-    /// The open connections to `upstream` between calls (plain HTTP tools).
-    pub connections: crate::call::pool::Connections,
 }
 
 impl std::fmt::Debug for Tool {
@@ -583,12 +595,7 @@ impl Config {
 
     /// [`Config::parse`] with `env` in place of the process environment.
     fn parse_env(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let raw: RawConfig = if text.trim().is_empty() {
-            serde_json::from_str("{}").map_err(|e| ConfigError(e.to_string()))?
-        } else {
-            serde_saphyr::from_str(text).map_err(|e| ConfigError(e.to_string()))?
-        };
-        raw.validate(env)
+        raw_config(text)?.validate(env)
     }
 
     /// Whether a reload from `self` to `next` is allowed: listeners, admin, store, otel and
@@ -614,6 +621,29 @@ impl Config {
 pub const AGENT_PORT: u16 = 15001;
 pub const ADMIN_PORT: u16 = 15002;
 pub const TELEMETRY_PORT: u16 = 15090;
+
+/// The file's YAML as [`RawConfig`], with exact scalar types (YAML 1.2): the document is read
+/// into a tree first, where a quoted scalar stays a string and only `true`/`false` (any case)
+/// are booleans, and the tree is then taken as the config, so a string where a boolean or a
+/// number is expected is a type error, named by its key (`tools[0].read_only: …`).
+fn raw_config(text: &str) -> Result<RawConfig, ConfigError> {
+    let tree = if text.trim().is_empty() {
+        Value::Object(serde_json::Map::new())
+    } else {
+        let mut options = serde_saphyr::Options::default();
+        options.strict_booleans = true;
+        serde_saphyr::from_str_with_options::<Value>(text, options)
+            .map_err(|e| ConfigError(e.to_string()))?
+    };
+    serde_path_to_error::deserialize(tree).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match path.as_str() {
+            "." => ConfigError(inner.to_string()),
+            _ => ConfigError(format!("{path}: {inner}")),
+        }
+    })
+}
 
 fn addr(key: &str, v: Option<String>, default: SocketAddr) -> Result<SocketAddr, ConfigError> {
     let Some(s) = v else {
@@ -683,9 +713,9 @@ impl RawConfig {
                 SocketAddr::from(([0, 0, 0, 0], TELEMETRY_PORT)),
             )?,
             max_connections: {
-                let d = Connections::default();
+                let d = MaxConnections::default();
                 let m = &self.listen.max_connections;
-                Connections {
+                MaxConnections {
                     agent: positive("listen.max_connections.agent", m.agent, d.agent as u64)?
                         as usize,
                     admin: positive("listen.max_connections.admin", m.admin, d.admin as u64)?
@@ -697,6 +727,11 @@ impl RawConfig {
                     )? as usize,
                 }
             },
+            idle_timeout: Duration::from_millis(positive(
+                "listen.idle_timeout_ms",
+                self.listen.idle_timeout_ms,
+                DEFAULT_IDLE_TIMEOUT_MS,
+            )?),
         };
         let admin = AdminConfig {
             token_file: self.admin.token_file,
@@ -1092,7 +1127,6 @@ impl RawTool {
             None => None,
             Some(path) => Some(bearer_from_file(&key("upstream_token_file"), path)?),
         };
-        let spans = crate::call::trace::ToolSpans::new(name.as_ref(), &upstream, &protocol);
         let projection = Projection {
             select,
             max_items: self.projection.max_items,
@@ -1118,9 +1152,6 @@ impl RawTool {
             params,
             read_roots,
             network,
-            spans,
-            metrics: Default::default(),
-            connections: crate::call::pool::Connections::new(&upstream),
             upstream,
         })
     }
@@ -1172,6 +1203,38 @@ mod tests {
         assert_eq!(c.policy.limits, DEFAULT_LIMITS);
         assert_eq!(c.listen.agent.to_string(), "127.0.0.1:15001");
         assert_eq!(c.policy.runs.default_max_calls, 100);
+    }
+
+    #[test]
+    fn scalar_types_are_exact() {
+        // YAML 1.2: a quoted scalar is a string, and `yes`/`on` are strings too; none of them is
+        // a boolean or a number, and the error names the key.
+        for (yaml, key) in [
+            ("tools: [{name: a, upstream: 'http://x/', read_only: 'true'}]", "read_only"),
+            ("tools: [{name: a, upstream: 'http://x/', read_only: \"yes\"}]", "read_only"),
+            ("tools: [{name: a, upstream: 'http://x/', read_only: yes}]", "read_only"),
+            ("tools: [{name: a, upstream: 'http://x/', read_only: on}]", "read_only"),
+            ("tools: [{name: a, upstream: 'http://x/', timeout_ms: '100'}]", "timeout_ms"),
+            ("limits: {raw_bytes: \"1024\"}", "raw_bytes"),
+            ("runs: {default_max_calls: '5'}", "default_max_calls"),
+            ("store: {record_ttl_ms: \"1000\"}", "record_ttl_ms"),
+            ("otel: {sample_ratio: '0.5'}", "sample_ratio"),
+            ("tools: [{name: a, upstream: 'http://x/', projection: {max_items: '3'}}]", "max_items"),
+        ] {
+            let e = Config::parse(yaml).expect_err(yaml);
+            assert!(e.0.contains(key), "{yaml}: {e}");
+        }
+        // The plain spellings are what they look like.
+        let c = Config::parse(
+            "tools: [{name: a, upstream: 'http://x/', read_only: true, timeout_ms: 100}]",
+        )
+        .expect("plain scalars");
+        let tool = c.policy.tool("a").expect("tool a");
+        assert!(tool.read_only);
+        assert_eq!(tool.timeout, Duration::from_millis(100));
+        let c = Config::parse("tools: [{name: a, upstream: 'http://x/', read_only: True}]")
+            .expect("YAML 1.2 core spelling");
+        assert!(c.policy.tool("a").expect("tool a").read_only);
     }
 
     #[test]

@@ -1,38 +1,15 @@
-//! Hot reload: the live policy that every call reads, and the file watch that replaces it
-//! atomically when a valid new version of the config file appears.
+//! Hot reload: the file watch that hands over a new policy when a valid new version of the
+//! config file appears. Installing it (the swap every call reads) is the call pipeline's
+//! (`call::live`); this module only decides what the new policy is.
 //!
 //! Only `tools`, `limits` and `runs` reload; a change to `listen`, `admin` or `store` needs a
 //! restart and is refused (counted as `result="error"`), as is an invalid file.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Config, Policy};
-
-/// The live policy: readers take a cheap `Arc` snapshot; a reload swaps it whole.
-#[derive(Debug)]
-pub struct LivePolicy(RwLock<Arc<Policy>>);
-
-impl LivePolicy {
-    pub fn new(policy: Arc<Policy>) -> LivePolicy {
-        LivePolicy(RwLock::new(policy))
-    }
-
-    pub fn get(&self) -> Arc<Policy> {
-        match self.0.read() {
-            Ok(p) => p.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    pub fn set(&self, policy: Arc<Policy>) {
-        match self.0.write() {
-            Ok(mut p) => *p = policy,
-            Err(poisoned) => *poisoned.into_inner() = policy,
-        }
-    }
-}
 
 /// Outcome of one reload attempt, for the reload counter.
 pub enum Reload {
@@ -43,15 +20,16 @@ pub enum Reload {
 
 /// Watches a config file by content hash (survives Kubernetes' symlink swap of a mounted
 /// ConfigMap), together with the upstream token files it names, so a rotated token is picked up
-/// like an edited config; calls `on_reload` with each attempt's outcome.
+/// like an edited config; calls `install` with each policy that may replace the live one, and
+/// `on_reload` with each attempt's outcome.
 pub async fn watch(
     path: PathBuf,
     current: Config,
-    live: Arc<LivePolicy>,
     interval: Duration,
+    install: impl Fn(Arc<Policy>) + Send + 'static,
     on_reload: impl Fn(Reload) + Send + 'static,
 ) {
-    let mut files = token_files(&live.get());
+    let mut files = token_files(&current.policy);
     let mut last = digest(&path, &files);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -70,7 +48,7 @@ pub async fn watch(
                 None => {
                     files = token_files(&next.policy);
                     last = digest(&path, &files);
-                    live.set(next.policy);
+                    install(next.policy);
                     Reload::Applied
                 }
             },

@@ -87,11 +87,12 @@ pub async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(path) = options.config_path.clone() {
         let metrics = state.metrics.clone();
+        let policy = state.policy.clone();
         tasks.spawn(crate::config::watch::watch(
             path,
             config.clone(),
-            state.policy.clone(),
             options.reload_interval,
+            move |next| policy.install(next),
             move |outcome| match outcome {
                 Reload::Unchanged => {}
                 Reload::Applied => {

@@ -1,7 +1,7 @@
 //! The connections to one plain-HTTP tool, kept between its calls.
 //!
 //! A connection is used by the call that holds it, in the call's own task: the request is
-//! written and the answer read on it directly (`call::h1`). Between calls it waits here,
+//! written and the answer read on it directly (`call::upstream::h1`). Between calls it waits here,
 //! unpolled. So before it is used again it is polled once, which is when a
 //! close by the tool service is seen, and a closed one is dropped then.
 //!

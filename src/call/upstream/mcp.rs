@@ -20,7 +20,7 @@ use hyper::StatusCode;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-use super::upstream::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
+use super::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
 use crate::body::value_depth;
 
 /// The protocol revision toolgate asks an upstream for in `initialize`.

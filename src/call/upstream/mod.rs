@@ -1,8 +1,14 @@
 //! The tool-service client (https through rustls with the ring provider), reading response
-//! bodies with a hard cap, for both protocols a tool may speak: plain HTTP (here, on each tool's
-//! own kept connections: `call::pool`, `call::h1`) and MCP (`call/mcp.rs`, through a shared
-//! pooled hyper client). Both give the same [`Reply`].
+//! bodies with a hard cap, for both protocols a tool may speak: plain HTTP ([`http`], on each
+//! tool's own kept connections: [`pool`], [`h1`]) and MCP ([`mcp`], through a shared pooled
+//! hyper client). Both give the same [`Reply`].
 
+pub mod h1;
+mod http;
+mod mcp;
+pub mod pool;
+
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,8 +22,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use super::mcp::McpSessions;
-use crate::body::{ReadError, json_depth, read_capped};
+use mcp::McpSessions;
+use crate::body::{ReadError, read_capped};
 use crate::compact;
 use crate::config::Protocol;
 
@@ -29,7 +35,7 @@ const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 pub struct ToolRequest<'a> {
     pub uri: &'a Uri,
     /// The connections kept to `uri` (plain HTTP).
-    pub connections: &'a super::pool::Connections,
+    pub connections: &'a pool::Connections,
     /// The `Host` header for `uri` (the tool's, made at config load).
     pub host: &'a HeaderValue,
     /// The input object exactly as recorded.
@@ -141,28 +147,22 @@ impl Upstream {
         }
     }
 
-    /// A `POST` of `body` with the headers every tool gets: content type, the call's ids, the
-    /// trace context, and the tool's own credentials, for the shared client (MCP); `target` is
-    /// the URL the request names. A plain-HTTP call writes the same headers itself
-    /// ([`plain_request`]).
+    /// A `POST` of `body` to `target` for the shared client (MCP), with [`each_header`].
     pub(super) fn request(
         req: &ToolRequest<'_>,
         target: &Uri,
         body: Vec<u8>,
     ) -> Result<Request<Full<Bytes>>, UpstreamError> {
-        let id = |v: &str| {
-            HeaderValue::from_str(v).map_err(|e| UpstreamError::Unreachable(e.to_string()))
-        };
         let mut headers = HeaderMap::with_capacity(8);
-        headers.insert(HOST, req.host.clone());
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(X_RUN_ID, id(req.run_id)?);
-        headers.insert(X_TOOL_CALL_ID, id(req.tool_call_id)?);
-        if let Some(tp) = req.traceparent {
-            headers.insert(TRACEPARENT, tp.clone());
-        }
-        if let Some(auth) = req.auth {
-            headers.insert(AUTHORIZATION, auth.clone());
+        let mut invalid = false;
+        each_header(req, |name, value| match HeaderValue::from_bytes(value) {
+            Ok(value) => {
+                headers.insert(name.clone(), value);
+            }
+            Err(_) => invalid = true,
+        })?;
+        if invalid {
+            return Err(not_a_header_value());
         }
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
@@ -170,124 +170,62 @@ impl Upstream {
         *request.headers_mut() = headers;
         Ok(request)
     }
-
-    /// POSTs the input and reads the answer, stopping at `raw_bytes + 1`.
-    async fn http(&self, req: ToolRequest<'_>) -> Result<Reply, UpstreamError> {
-        let serialized;
-        let body = match req.input_json {
-            Some(text) => text.as_bytes(),
-            None => {
-                serialized = serde_json::to_vec(req.input)
-                    .map_err(|e| UpstreamError::Body(e.to_string()))?;
-                &serialized[..]
-            }
-        };
-        let request = plain_request(&req, req.connections.target(), body)?;
-        let answer = req
-            .connections
-            .send(&self.connector, req.uri, &request, req.raw_bytes)
-            .await
-            .map_err(UpstreamError::Unreachable)?;
-        let status = answer.status;
-        let body = answer.body.map_err(|e| match e {
-            ReadError::TooLarge => UpstreamError::TooLarge { status },
-            ReadError::Body(e) => UpstreamError::Body(e),
-        });
-        let body = body?;
-        // The usual answer: compacted in one pass and kept as that text.
-        if (200..300).contains(&status)
-            && let Some(compact) = compact::compact_selecting(&body, req.select)
-        {
-            if compact.depth > req.json_depth {
-                return Ok(Reply {
-                    status,
-                    raw: Err(too_deep()),
-                    raw_json: None,
-                    selected: None,
-                });
-            }
-            return Ok(Reply {
-                status,
-                raw: Ok(Value::Null),
-                raw_json: Some(compact.json),
-                selected: compact.selected,
-            });
-        }
-        if json_depth(&body) > req.json_depth {
-            return Ok(Reply {
-                status,
-                raw: Err(too_deep()),
-                raw_json: None,
-                selected: None,
-            });
-        }
-        let raw = match serde_json::from_slice::<Value>(&body) {
-            Ok(raw) if (200..300).contains(&status) => Ok(raw),
-            Ok(raw) => Err(Failed {
-                raw,
-                why: format!("tool status {status}, JSON body"),
-            }),
-            Err(_) => Err(Failed {
-                raw: Value::String(String::from_utf8_lossy(&body).into()),
-                why: format!("tool status {status}, body not JSON"),
-            }),
-        };
-        Ok(Reply {
-            status,
-            raw,
-            raw_json: None,
-            selected: None,
-        })
-    }
 }
 
-/// The whole HTTP/1.1 request of a plain-HTTP call: a `POST` of `body` to `target` with the
-/// headers [`Upstream::request`] gives every tool, and its length.
-fn plain_request(
+/// What the request's span records of how it ended (`Err`: the tool did not answer in time): the
+/// tool's HTTP status, if it answered, and the `error.type` of a failure.
+pub fn span_outcome<E>(
+    answered: &Result<Result<Reply, UpstreamError>, E>,
+) -> (Option<u16>, Option<Cow<'static, str>>) {
+    let status = match answered {
+        Ok(Ok(reply)) => Some(reply.status),
+        Ok(Err(UpstreamError::TooLarge { status })) => Some(*status),
+        _ => None,
+    };
+    let error_type = match answered {
+        Err(_) => Some("timeout".into()),
+        Ok(Err(UpstreamError::Unreachable(_))) => Some("unreachable".into()),
+        Ok(Err(UpstreamError::Body(_))) => Some("body_read".into()),
+        Ok(Err(UpstreamError::TooLarge { .. })) => Some("result_too_large".into()),
+        Ok(Ok(reply)) if reply.status >= 400 => Some(reply.status.to_string().into()),
+        Ok(Ok(Reply { raw: Err(_), .. })) => Some("tool_error".into()),
+        Ok(Ok(_)) => None,
+    };
+    (status, error_type)
+}
+
+/// Gives `header` every header a request to a tool carries, in order: `Host`, the content type,
+/// the call's ids, the trace context, and the tool's own credentials. The one place they are
+/// chosen: the plain-HTTP client writes them as bytes ([`http`]), the MCP client puts them in a
+/// header map ([`Upstream::request`]).
+fn each_header(
     req: &ToolRequest<'_>,
-    target: &Uri,
-    body: &[u8],
-) -> Result<Vec<u8>, UpstreamError> {
+    mut header: impl FnMut(&HeaderName, &[u8]),
+) -> Result<(), UpstreamError> {
     // The ids are safe ids already; a field value is checked all the same, as a header map
     // would check it, so that nothing can end a line early.
     fn field_value(v: &str) -> Result<&[u8], UpstreamError> {
         if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
             Ok(v.as_bytes())
         } else {
-            Err(UpstreamError::Unreachable(
-                "an id is not a header value".into(),
-            ))
+            Err(not_a_header_value())
         }
     }
-    let mut out = Vec::with_capacity(256 + body.len());
-    out.extend_from_slice(b"POST ");
-    out.extend_from_slice(
-        target
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .as_bytes(),
-    );
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut field = |name: &[u8], value: &[u8]| {
-        out.extend_from_slice(name);
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    };
-    field(b"host: ", req.host.as_bytes());
-    field(b"content-type: ", b"application/json");
-    field(b"x-run-id: ", field_value(req.run_id)?);
-    field(b"x-tool-call-id: ", field_value(req.tool_call_id)?);
+    header(&HOST, req.host.as_bytes());
+    header(&CONTENT_TYPE, b"application/json");
+    header(&X_RUN_ID, field_value(req.run_id)?);
+    header(&X_TOOL_CALL_ID, field_value(req.tool_call_id)?);
     if let Some(tp) = req.traceparent {
-        field(b"traceparent: ", tp.as_bytes());
+        header(&TRACEPARENT, tp.as_bytes());
     }
     if let Some(auth) = req.auth {
-        field(b"authorization: ", auth.as_bytes());
+        header(&AUTHORIZATION, auth.as_bytes());
     }
-    let mut length = itoa::Buffer::new();
-    field(b"content-length: ", length.format(body.len()).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
-    Ok(out)
+    Ok(())
+}
+
+fn not_a_header_value() -> UpstreamError {
+    UpstreamError::Unreachable("an id is not a header value".into())
 }
 
 /// A raw response nested deeper than `limits.json_depth`: nothing of it is kept, so every
