@@ -19,13 +19,19 @@ ci:
 deps:
 	scripts/install-deps.sh all
 
+# The Python tools' unit tests: scripts/ needs the .venv's packages; bench/ and deploy/ need none.
 lint:
 	scripts/install-deps.sh lint
 	$${TOOLGATE_VENV:-.venv}/bin/ruff check scripts deploy bench
 	shellcheck -x scripts/*.sh bench/run.sh deploy/kind/e2e.sh .ci/run
 	scripts/check_docs.py --self-test
 	scripts/check_docs.py
+	scripts/check_layers.py --self-test
+	scripts/check_layers.py
 	python3 -m unittest discover -s bench
+	$${TOOLGATE_VENV:-.venv}/bin/python -m unittest discover -s scripts
+	python3 -m unittest discover -s deploy/kind
+	python3 -m unittest discover -s deploy/scenario
 
 fmt:
 	cargo fmt --all -- --check

@@ -1,7 +1,13 @@
 """Unit tests of bench.py's parsing: `python3 -m unittest discover -s bench` (run by `make lint`)."""
 
 import base64
+import contextlib
+import io
 import json
+import socket
+import tempfile
+import threading
+import time
 import unittest
 
 import bench
@@ -157,6 +163,175 @@ class EvidenceFigures(unittest.TestCase):
         self.assertEqual(f["latency_ms"]["p50"]["median"], 2.0)
         self.assertEqual(f["failed"], 5)
         self.assertAlmostEqual(f["store_cpu_us_per_request"], 20000 / 15)
+
+
+class Targets(unittest.TestCase):
+    """bench.targets(): each goal met, missed at its boundary, or not measured."""
+
+    @staticmethod
+    def report(mem=None, primary=None, replica=None, live=None, failed=0):
+        mem = {"ratios": {"throughput_vs_nginx": 0.6, "p99_added_ms_vs_direct": 0.5, "cpu_vs_nginx": 2.5},
+               **(mem or {})}
+        primary = {"ratios": {"throughput_vs_nginx": 0.4, "p99_added_ms_vs_direct": 1.0, "cpu_vs_nginx": 2.5},
+                   "store": {"round_trips_per_call": 2.04}, "rss_mib": {"idle": 30, "load": 60},
+                   **(primary or {})}
+        replica = {"store": {"round_trips_per_call": 2.96}, **(replica or {})}
+        report = {"paths": {"toolgate-memory": mem, "toolgate-redis-primary": primary,
+                            "toolgate-redis-replica": replica}, "failed_requests": failed}
+        if live:
+            report["live_records"] = live
+        return report
+
+    @staticmethod
+    def met(ts):
+        return {t["target"]: t["met"] for t in ts}
+
+    def test_every_goal_met_at_its_boundary(self):
+        ts = bench.targets(self.report(live={"records": 1_000_000, "p99_ms": {"median": 2.0}}))
+        self.assertEqual(len(ts), 12)
+        self.assertTrue(all(t["met"] for t in ts), [t for t in ts if not t["met"]])
+        self.assertIn("memory p99 with 1,000,000 live records, 4 connections (ms)", self.met(ts))
+
+    def test_each_goal_missed_just_past_it(self):
+        for over, target in (
+                ({"mem": {"ratios": {"throughput_vs_nginx": 0.59}}}, "memory throughput vs nginx"),
+                ({"mem": {"ratios": {"p99_added_ms_vs_direct": 0.51}}},
+                 "memory added p99 vs direct, 4 connections (ms)"),
+                ({"mem": {"ratios": {"cpu_vs_nginx": 2.51}}}, "memory toolgate CPU per call vs nginx's"),
+                ({"primary": {"ratios": {"throughput_vs_nginx": 0.39}}}, "redis primary throughput vs nginx"),
+                ({"primary": {"store": {"round_trips_per_call": 2.06}}},
+                 "redis primary store round trips per call"),
+                ({"primary": {"store": {"round_trips_per_call": 1.94}}},
+                 "redis primary store round trips per call"),
+                ({"primary": {"rss_mib": {"idle": 30.1, "load": 60}}}, "redis primary RSS idle (MiB)"),
+                ({"primary": {"rss_mib": {"idle": 30, "load": 61}}},
+                 "redis primary RSS under 32-connection load (MiB)"),
+                ({"replica": {"store": {"round_trips_per_call": 3.06}}},
+                 "redis replica store round trips per call"),
+                ({"live": {"records": 10, "p99_ms": {"median": 2.1}}},
+                 "memory p99 with 10 live records, 4 connections (ms)"),
+                ({"failed": 1}, "failed or non-READY responses")):
+            with self.subTest(target):
+                ts = bench.targets(self.report(**over))
+                self.assertEqual([t["target"] for t in ts if t["met"] is False], [target])
+
+    def test_unmeasured_and_unavailable(self):
+        ts = self.met(bench.targets(self.report(mem={"ratios": {"cpu_vs_nginx": None}})))
+        self.assertIsNone(ts["memory toolgate CPU per call vs nginx's"])
+        ts = bench.targets(self.report(primary={"unavailable": "no redis"}))
+        row = next(t for t in ts if t["target"] == "Redis Cluster targets")
+        self.assertEqual((row["measured"], row["met"]), ("path unavailable", None))
+        self.assertEqual(bench.targets({"paths": {}, "failed_requests": 0}), [
+            {"target": "failed or non-READY responses", "goal": "0", "measured": 0, "met": True}])
+
+    def test_print_targets(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            bench.print_targets([{"target": "a", "goal": ">= 1", "measured": 1.23456, "met": True},
+                                 {"target": "b", "goal": "0", "measured": 2, "met": False},
+                                 {"target": "c", "goal": "2", "measured": None, "met": None}])
+        self.assertEqual(out.getvalue().splitlines()[2:], [
+            "  [met ] a: goal >= 1, measured 1.235", "  [MISS] b: goal 0, measured 2",
+            "  [n/a ] c: goal 2, measured None"])
+
+
+class Comparisons(unittest.TestCase):
+    @staticmethod
+    def path(endpoint, rps, p50, p99, **ratios):
+        return {"endpoint": endpoint, "throughput_rps": {"median": rps},
+                "latency_ms": {"p50": {"median": p50}, "p99": {"median": p99}}, "ratios": ratios}
+
+    def test_mcp_vs_invoke(self):
+        report = {"paths": {
+            bench.MCP_PATH: self.path("/mcp", 900, 1.0, 2.0, throughput_vs_invoke=0.9,
+                                      p99_added_ms_vs_invoke=0.3),
+            bench.INVOKE_PATH: self.path("/v1/invoke", 1000, 0.9, 1.7)}}
+        c = bench.mcp_vs_invoke(report)
+        self.assertEqual((c["throughput_ratio"], c["p99_added_ms"]), (0.9, 0.3))
+        self.assertEqual(c["mcp"], {"path": bench.MCP_PATH, "endpoint": "/mcp", "throughput_rps": 900,
+                                    "p50_ms": 1.0, "p99_ms": 2.0})
+        self.assertEqual(c["invoke"]["endpoint"], "/v1/invoke")
+        report["paths"][bench.INVOKE_PATH] = {"unavailable": "exited"}
+        self.assertIsNone(bench.mcp_vs_invoke(report))
+        del report["paths"][bench.INVOKE_PATH]
+        self.assertIsNone(bench.mcp_vs_invoke(report))
+
+    def test_median_rotate_fmt_failed(self):
+        self.assertEqual(bench.median([3, None, 1, 2]), 2)
+        self.assertIsNone(bench.median([None]))
+        self.assertEqual(bench.rotate([1, 2, 3], 4), [2, 3, 1])
+        self.assertEqual(bench.rotate([], 1), [])
+        self.assertEqual((bench.fmt(None, ".2f"), bench.fmt(1.234, ".2f")), ("-", "1.23"))
+        self.assertEqual(bench.failed_of({"not_good": 2, "socket_errors": 3}), 5)
+        self.assertEqual(bench.ms(None), None)
+
+    def test_sched_text(self):
+        w = {"cpus_busy": 0.5, "runs_per_call": 2.0, "waits_over_ms_per_call": {"0.25": 0.015, "1.0": 0.0}}
+        self.assertEqual(bench.sched_text(w),
+                         "CPUs 50% busy, 2.0 runs a call, waits per 100 calls > 0.25 ms 1.50, > 1.0 ms 0.00")
+
+
+class Config(unittest.TestCase):
+    PORTS = {"agent": 1, "admin": 2, "telemetry": 3}
+
+    def test_memory_and_redis(self):
+        mem = bench.toolgate_config(self.PORTS, "http://127.0.0.1:9/bench", "memory", [], 60000)
+        self.assertIn('listen: {agent: "127.0.0.1:1", admin: "127.0.0.1:2", telemetry: "127.0.0.1:3"}', mem)
+        self.assertIn("store: {kind: memory, record_ttl_ms: 60000, memory_max_bytes: 17179869184}", mem)
+        self.assertIn("upstream: http://127.0.0.1:9/bench", mem)
+        self.assertNotIn("otel:", mem)
+        redis = bench.toolgate_config(self.PORTS, "u", "replica", [7000, 7001], 5, "http://127.0.0.1:4318")
+        self.assertIn('store: {kind: redis-cluster, nodes: ["redis://127.0.0.1:7000", '
+                      '"redis://127.0.0.1:7001"], durability: replica, record_ttl_ms: 5, timeout_ms: 500}',
+                      redis)
+        self.assertIn('otel: {endpoint: "http://127.0.0.1:4318", service_name: toolgate-bench}', redis)
+
+
+class Redis(unittest.TestCase):
+    def test_monitor_lines(self):
+        line = (b'1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc" "1" "toolgate:{r}:run" '
+                b'"a\\"b" "\\x00\\n\\\\"\n')
+        self.assertEqual(bench.monitor_command(line), (b"127.0.0.1:5555", [
+            b"EVALSHA", b"abc", b"1", b"toolgate:{r}:run", b'a"b', b"\x00\n\\"]))
+        self.assertEqual(bench.monitor_command(b'1700000000.2 [0 lua] "HSET" "k" "f" "v"')[0], b"lua")
+        self.assertIsNone(bench.monitor_command(b"OK"))
+
+    def test_resp_replies(self):
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        r = bench.Resp.__new__(bench.Resp)
+        r.sock, r.buf = a, b""
+        def reply_in_pieces():  # the parser waits for each whole value
+            for piece in (b"*4\r\n$3\r\nab", b"c\r\n:42\r\n$-1\r\n+O", b"K\r\n"):
+                b.sendall(piece)
+                time.sleep(0.01)
+
+        sender = threading.Thread(target=reply_in_pieces)
+        sender.start()
+        self.assertEqual(r.call("DUMP", b"k\x00"), [b"abc", 42, None, "OK"])
+        sender.join()
+        self.assertEqual(b.recv(100), b"*2\r\n$4\r\nDUMP\r\n$2\r\nk\x00\r\n")
+        b.sendall(b"-ERR unknown command\r\n")
+        with self.assertRaisesRegex(bench.Failure, "Redis: ERR unknown command"):
+            r.call("NOPE")
+        b.sendall(b"*-1\r\n")
+        self.assertIsNone(r.call("X"))
+        b.sendall(b"?what\r\n")
+        with self.assertRaisesRegex(bench.Failure, "unexpected Redis reply"):
+            r.call("X")
+        b.shutdown(socket.SHUT_WR)
+        with self.assertRaisesRegex(bench.Failure, "closed the connection"):
+            r.call("X")
+
+    def test_callgrind_self_costs(self):
+        text = "events: Ir\nfn=(1) main\n0 10\ncfn=(2) helper\ncalls=1 0\n0 100\n0 5\nfn=(2)\n0 7\n+1 3\n"
+        with tempfile.NamedTemporaryFile("w", suffix=".out") as f:
+            f.write(text)
+            f.flush()
+            costs, total = bench.callgrind_self_costs(f.name)
+        # A call's inclusive cost (the line after calls=) is not the caller's own.
+        self.assertEqual((costs, total), ({"main": 15, "helper": 10}, 25))
 
 
 if __name__ == "__main__":

@@ -458,6 +458,13 @@ def answers(har_path, doc, listener):
     return seen, other
 
 
+def gaps(expected, seen):
+    """The (method, path template, outcome) of `expected` that no answer in `seen` (as `answers`
+    gives it) reached, in the order expected."""
+    got = {(m, p, what) for (m, p), counts in seen.items() for _, what in counts}
+    return [x for x in expected if x not in got]
+
+
 def summary(name, listener, seen, other):
     print(f"{name} ({listener} listener): {sum(sum(c.values()) for c in seen.values()) + sum(other.values())}"
           " requests")
@@ -519,11 +526,10 @@ def main():
             continue
         seen, other = answers(har, doc, listener)
         summary(name, listener, seen, other)
-        got = {(m, p, what) for (m, p), counts in seen.items() for _, what in counts}
-        gaps = [x for x in EXPECTED[name] if x not in got]
-        for method, path, what in gaps:
+        missed = gaps(EXPECTED[name], seen)
+        for method, path, what in missed:
             print(f"FAIL {name}: no {method} {path} answered {what}: the examples no longer reach it")
-        results[f"{name} outcomes"] = not gaps
+        results[f"{name} outcomes"] = not missed
     print()
     for name, ok in results.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")

@@ -59,13 +59,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 SCRIPTS_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, SCRIPTS_DIR)
 from ports import free_ports  # noqa: E402  (the scripts' one port helper)
 from procs import Procs, log_tail  # noqa: E402  (and their process handling)
+from wait import wait_http  # noqa: E402  (and their one wait for a server)
 
 RAW_MARKER = "RAW-SECRET-MARKER-7f3a"  # tests/support/fake_tool.rs: never in an agent's answer
 MIB = 1024 * 1024
@@ -113,21 +112,6 @@ class Failure(Exception):
 # ----------------------------------------------------------------------------------------------
 # Processes.
 
-def wait_http(url, proc, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise Failure(f"{what} exited with {proc.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise Failure(f"{what} did not answer 200 at {url} within {timeout}s")
-
-
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -172,8 +156,13 @@ def run_slot(run_id):
 
 def cluster_nodes(port):
     """[(node id, port, flags, [(first, last) slot ranges])] as `port` sees the cluster."""
+    return parse_cluster_nodes(redis_try(port, "cluster", "nodes"))
+
+
+def parse_cluster_nodes(text):
+    """`CLUSTER NODES` text as [(node id, port, flags, [(first, last) slot ranges])]."""
     out = []
-    for line in redis_try(port, "cluster", "nodes").splitlines():
+    for line in text.splitlines():
         f = line.split()
         if len(f) < 8:
             continue
@@ -333,7 +322,8 @@ class Soak:
         tool_port, agent, admin, telemetry = free_ports(4)
         tool = self.procs.spawn(f"{tag}-fake_tool", [args.tool, "--listen", f"127.0.0.1:{tool_port}",
                                                      "--threads", "1"])
-        wait_http(f"http://127.0.0.1:{tool_port}/healthz", tool, "fake_tool")
+        if why := wait_http(f"http://127.0.0.1:{tool_port}/healthz", 30, tool, "fake_tool"):
+            raise Failure(why)
         self.redis_ports = []
         if self.store == "memory":
             store_yaml = f"store: {{kind: memory, record_ttl_ms: {self.record_ttl_ms}}}"
@@ -383,7 +373,8 @@ tools:
         env.setdefault("TOOLGATE_LOG", "warn")
         self.tg = self.procs.spawn(f"{tag}-toolgate", [args.toolgate, "serve", "--config", cfg],
                                    env=env)
-        wait_http(f"http://127.0.0.1:{telemetry}/readyz", self.tg, "toolgate")
+        if why := wait_http(f"http://127.0.0.1:{telemetry}/readyz", 30, self.tg, "toolgate"):
+            raise Failure(why)
         self.ports = {"agent": agent, "admin": admin, "telemetry": telemetry}
         self.log(f"toolgate pid {self.tg.pid} ({self.store} store): agent :{agent}, admin :{admin}, "
                  f"telemetry :{telemetry}; fake tool :{tool_port}; record TTL "
@@ -918,7 +909,8 @@ tools:
                               f"{role[:1]} {repl[:200]!r}")
             time.sleep(0.1)
         f["rejoined_at"] = time.monotonic()
-        wait_http(f"http://127.0.0.1:{self.ports['telemetry']}/readyz", self.tg, "toolgate", 60)
+        if why := wait_http(f"http://127.0.0.1:{self.ports['telemetry']}/readyz", 60, self.tg, "toolgate"):
+            raise Failure(why)
         f["ready_at"] = time.monotonic()
         grace = 3.0
         self.window = (f["killed_at"], f["ready_at"] + grace)

@@ -436,10 +436,15 @@ SUFFIXES = {
 
 
 def read_families(url):
-    """{family: {"type", "series": set of exported names, "labels": set}} from `# TYPE` lines."""
+    """The metric families of the exposition at `url` (parse_families)."""
     _, body = http_get(url)
+    return parse_families(body.decode())
+
+
+def parse_families(text):
+    """{family: {"type", "series": set of exported names, "labels": set}} from `# TYPE` lines."""
     families, series = {}, {}
-    for line in body.decode().splitlines():
+    for line in text.splitlines():
         m = re.match(r"#\s*TYPE\s+(\S+)\s+(\S+)", line)
         if m:
             name, kind = m.groups()
