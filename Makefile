@@ -28,6 +28,7 @@ lint:
 	scripts/check_docs.py
 	scripts/check_layers.py --self-test
 	scripts/check_layers.py
+	scripts/check_readme.py --self-test
 	python3 -m unittest discover -s bench
 	$${TOOLGATE_VENV:-.venv}/bin/python -m unittest discover -s scripts
 	python3 -m unittest discover -s deploy/kind
@@ -60,6 +61,7 @@ sdk-python: build
 # sidecar (scripts/sdk-typescript.sh).
 sdk-typescript: build
 	scripts/sdk-typescript.sh
+	scripts/check_readme.py
 
 k8s: build
 	scripts/k8s-check.sh

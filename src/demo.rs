@@ -88,9 +88,8 @@ async fn demo() -> Result<(), String> {
     println!("\nStill serving. Try it yourself (Ctrl-C to stop):\n");
     println!("  export ADMIN={admin_token}");
     println!(
-        "  curl -s -XPOST http://{admin}/v1/runs -H \"Authorization: Bearer $ADMIN\" -d '{{\"run_id\":\"my-run\"}}'"
+        "  export RUN_TOKEN=$(curl -s -XPOST http://{admin}/v1/runs -H \"Authorization: Bearer $ADMIN\" -d '{{\"run_id\":\"my-run\"}}' | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"run_token\"])')"
     );
-    println!("  export RUN_TOKEN=<run_token from the answer>");
     println!(
         "  curl -s -XPOST http://{agent}/v1/invoke -H \"Authorization: Bearer $RUN_TOKEN\" -d '{{\"run_id\":\"my-run\",\"tool_call_id\":\"call_1\",\"tool\":\"search\",\"input\":{{\"q\":\"redis\"}}}}'"
     );
