@@ -22,10 +22,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use mcp::McpSessions;
 use crate::body::{ReadError, read_capped};
 use crate::compact;
 use crate::config::Protocol;
+use mcp::McpSessions;
 
 const X_RUN_ID: HeaderName = HeaderName::from_static("x-run-id");
 const X_TOOL_CALL_ID: HeaderName = HeaderName::from_static("x-tool-call-id");
