@@ -37,6 +37,8 @@ pub enum Code {
     RecordExpired,
     StoreUnavailable,
     ShuttingDown,
+    /// A listener at its connection cap with a request in progress on every connection.
+    Overloaded,
     Internal,
     NotFound,
     RunExists,
@@ -88,7 +90,7 @@ pub enum Layer {
 
 impl Code {
     /// Every code, in contract order, `RESULT_TOO_LARGE` once per stage.
-    pub const ALL: [Code; 29] = [
+    pub const ALL: [Code; 30] = [
         Code::RequestTooLarge,
         Code::Unauthenticated,
         Code::InvalidInput,
@@ -115,6 +117,7 @@ impl Code {
         Code::RecordExpired,
         Code::StoreUnavailable,
         Code::ShuttingDown,
+        Code::Overloaded,
         Code::Internal,
         Code::NotFound,
         Code::RunExists,
@@ -144,6 +147,7 @@ impl Code {
             Code::RecordExpired => "RECORD_EXPIRED",
             Code::StoreUnavailable => "STORE_UNAVAILABLE",
             Code::ShuttingDown => "SHUTTING_DOWN",
+            Code::Overloaded => "OVERLOADED",
             Code::Internal => "INTERNAL",
             Code::NotFound => "NOT_FOUND",
             Code::RunExists => "RUN_EXISTS",
@@ -170,9 +174,10 @@ impl Code {
                 StatusCode::BAD_GATEWAY
             }
             Code::ToolTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Code::RecordExpired | Code::StoreUnavailable | Code::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Code::RecordExpired
+            | Code::StoreUnavailable
+            | Code::ShuttingDown
+            | Code::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -203,6 +208,7 @@ impl Code {
             Code::RecordExpired => "The call record expired before the call finished.",
             Code::StoreUnavailable => "The record store is unavailable.",
             Code::ShuttingDown => "The sidecar is shutting down.",
+            Code::Overloaded => "Every connection to the sidecar is busy; retry shortly.",
             Code::Internal => "An internal error occurred.",
             Code::NotFound => "Not found.",
             Code::RunExists => "A run with this id already exists.",
@@ -233,7 +239,7 @@ impl Code {
                 SizeStage::Run => Layer::Workflow,
             },
             Code::ProjectionFailed | Code::Internal => Layer::Harness,
-            Code::RecordExpired | Code::StoreUnavailable => Layer::Environment,
+            Code::RecordExpired | Code::StoreUnavailable | Code::Overloaded => Layer::Environment,
             Code::NotFound | Code::RunExists => Layer::Unknown,
         }
     }

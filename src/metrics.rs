@@ -78,6 +78,35 @@ pub enum SpanDrop {
     ExportFailed,
 }
 
+/// The `listener` label of connection metrics.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Listener {
+    Agent,
+    Admin,
+    Telemetry,
+    /// The injector's webhook listener (its own process).
+    Webhook,
+}
+
+impl Listener {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Listener::Agent => "agent",
+            Listener::Admin => "admin",
+            Listener::Telemetry => "telemetry",
+            Listener::Webhook => "webhook",
+        }
+    }
+}
+
+/// The `reason` label of shed connections: closed at the cap to admit a new one, or idle past
+/// `listen.idle_timeout_ms`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Shed {
+    Cap,
+    IdleTimeout,
+}
+
 /// The `result` label of config reloads.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum ReloadResult {
@@ -113,6 +142,11 @@ label_value! {
     SpanDrop => |d| match d {
         SpanDrop::QueueFull => "queue_full",
         SpanDrop::ExportFailed => "export_failed",
+    };
+    Listener => |l| l.as_str();
+    Shed => |r| match r {
+        Shed::Cap => "cap",
+        Shed::IdleTimeout => "idle_timeout",
     };
     ReloadResult => |r| match r {
         ReloadResult::Ok => "ok",
@@ -193,6 +227,45 @@ struct DropLabels {
     reason: SpanDrop,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: Listener,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShedLabels {
+    listener: Listener,
+    reason: Shed,
+}
+
+/// One listener's series of the connection metrics, taken once when it starts serving.
+#[derive(Clone, Debug, Default)]
+pub struct ConnectionCounts {
+    open: Gauge<i64, AtomicI64>,
+    shed_cap: Counter,
+    shed_idle: Counter,
+    refused: Counter,
+}
+
+impl ConnectionCounts {
+    /// A connection was admitted (`1`) or has closed (`-1`).
+    pub fn open(&self, by: i64) {
+        self.open.inc_by(by);
+    }
+
+    pub fn shed(&self, reason: Shed) {
+        match reason {
+            Shed::Cap => self.shed_cap.inc(),
+            Shed::IdleTimeout => self.shed_idle.inc(),
+        };
+    }
+
+    /// A connection was refused with `OVERLOADED`.
+    pub fn refused(&self) {
+        self.refused.inc();
+    }
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Every metric toolgate exports, plus the failure-attribution counts.
@@ -231,6 +304,9 @@ pub struct Metrics {
     spans_exported: Counter,
     export_errors: Counter,
     evidence_tampered: Counter,
+    connections_open: Family<ListenerLabels, Gauge<i64, AtomicI64>>,
+    connections_shed: Family<ShedLabels, Counter>,
+    connections_refused: Family<ListenerLabels, Counter>,
     attribution: Mutex<BTreeMap<(Layer, Code), u64>>,
 }
 
@@ -259,6 +335,9 @@ impl Metrics {
         let spans_exported = Counter::default();
         let export_errors = Counter::default();
         let evidence_tampered = Counter::default();
+        let connections_open = Family::default();
+        let connections_shed = Family::default();
+        let connections_refused = Family::default();
         registry.register(
             "toolgate_invocations",
             "Calls that reached the tool stage, by final status and evidence status",
@@ -339,6 +418,21 @@ impl Metrics {
             "Records of a run's progress that failed their seal when its facts were read",
             evidence_tampered.clone(),
         );
+        registry.register(
+            "toolgate_connections_open",
+            "Connections each listener holds open now",
+            connections_open.clone(),
+        );
+        registry.register(
+            "toolgate_connections_shed",
+            "Connections closed by the listener: at its cap, to admit a new one, or idle too long",
+            connections_shed.clone(),
+        );
+        registry.register(
+            "toolgate_connections_refused",
+            "Connections refused with OVERLOADED: the listener was at its cap with every connection busy",
+            connections_refused.clone(),
+        );
         for reason in [SpanDrop::QueueFull, SpanDrop::ExportFailed] {
             let _ = spans_dropped.get_or_create(&DropLabels { reason });
         }
@@ -374,7 +468,26 @@ impl Metrics {
             spans_exported,
             export_errors,
             evidence_tampered,
+            connections_open,
+            connections_shed,
+            connections_refused,
             attribution: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// `listener`'s series of the connection metrics (all of them exported from now on, at 0).
+    pub fn connections(&self, listener: Listener) -> ConnectionCounts {
+        let labels = ListenerLabels { listener };
+        let shed = |reason| {
+            self.connections_shed
+                .get_or_create(&ShedLabels { listener, reason })
+                .clone()
+        };
+        ConnectionCounts {
+            open: self.connections_open.get_or_create(&labels).clone(),
+            shed_cap: shed(Shed::Cap),
+            shed_idle: shed(Shed::IdleTimeout),
+            refused: self.connections_refused.get_or_create(&labels).clone(),
         }
     }
 

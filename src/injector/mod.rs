@@ -198,8 +198,7 @@ pub async fn serve_on(
         header_read_timeout: HEADER_READ_TIMEOUT,
         close_grace: DRAIN_TIMEOUT,
         // The API server opens a few connections per replica; anything past this is not it.
-        max_connections: 256,
-        workers: None,
+        ..Serving::plain(256)
     };
     let settings = Arc::new(settings);
     let (stop, stopped) = watch::channel(false);

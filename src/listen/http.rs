@@ -17,7 +17,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use tokio::sync::{Semaphore, watch};
@@ -25,8 +25,10 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 use super::framing::{Marks, Watched};
+use super::slots::{Requests, Slot, Slots};
 use crate::error::{self, Code};
 use crate::ids::ToolCallId;
+use crate::metrics::ConnectionCounts;
 use crate::workers::Workers;
 
 pub type Body = Full<Bytes>;
@@ -77,8 +79,13 @@ pub struct Serving {
     pub header_read_timeout: Duration,
     /// How long open connections get to finish their last response once the listener stops.
     pub close_grace: Duration,
-    /// Open connections served at once; past it a new one is refused at once.
+    /// Open connections served at once. At the cap the longest-idle one is closed to admit a
+    /// new one; with a request in progress on every one, a new one is refused (`OVERLOADED`).
     pub max_connections: usize,
+    /// A connection with no request in progress for this long is closed.
+    pub idle_timeout: Duration,
+    /// This listener's series of the connection metrics.
+    pub counts: ConnectionCounts,
     /// The serving threads connections are handed to; `None` serves them on the runtime
     /// that runs the accept loop.
     pub workers: Option<Arc<Workers>>,
@@ -92,6 +99,8 @@ impl Serving {
             header_read_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(5),
             max_connections,
+            idle_timeout: Duration::from_millis(crate::config::DEFAULT_IDLE_TIMEOUT_MS),
+            counts: ConnectionCounts::default(),
             workers: None,
         }
     }
@@ -106,9 +115,11 @@ impl Serving {
     }
 }
 
-/// What a connection past the cap is told before it is closed.
-const BUSY: &[u8] =
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+/// A refused connection gets this long to be told `OVERLOADED` and to close.
+const REFUSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Refused connections being told so at once; past it a refusal is one best-effort write.
+const MAX_REFUSING: usize = 64;
 
 /// A TLS handshake must finish within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -126,14 +137,21 @@ pub async fn serve<F, Fut>(
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     let mut connections = JoinSet::new();
-    let open = Arc::new(Semaphore::new(serving.max_connections));
+    let slots = Slots::new(
+        serving.max_connections,
+        serving.idle_timeout,
+        serving.counts.clone(),
+    );
+    let overloaded: Arc<[u8]> = overloaded().into();
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let mut sweep = tokio::time::interval(slots.sweep_every());
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(permit) = open.clone().try_acquire_owned() else {
-                        // Refused at once: a best-effort 503, never a wait.
-                        let _ = stream.try_write(BUSY);
+                    let Some(slot) = slots.admit() else {
+                        refuse(stream, &overloaded, &refusing);
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
@@ -146,14 +164,12 @@ pub async fn serve<F, Fut>(
                             Err(_) => continue,
                         },
                     };
-                    let served = serve_socket(socket, serving.clone(), handler.clone(), stop.clone());
+                    let served =
+                        serve_socket(socket, slot, serving.clone(), handler.clone(), stop.clone());
                     // Inline: hyper's request body wakes this task from within its own poll;
                     // that wake is taken as a second poll, not a trip through the scheduler
                     // (`wake.rs`).
-                    let task = crate::wake::Inline::new(async move {
-                        served.await;
-                        drop(permit);
-                    });
+                    let task = crate::wake::Inline::new(served);
                     match &serving.workers {
                         None => {
                             connections.spawn(task);
@@ -170,6 +186,9 @@ pub async fn serve<F, Fut>(
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = sweep.tick() => {
+                slots.sweep();
+            }
             () = stopped(&mut stop) => break,
         }
     }
@@ -195,6 +214,7 @@ enum Socket {
 /// [`connection`] on `socket`, registered with the runtime this runs on.
 async fn serve_socket<F, Fut>(
     socket: Socket,
+    slot: Slot,
     serving: Serving,
     handler: F,
     stop: watch::Receiver<bool>,
@@ -209,7 +229,7 @@ async fn serve_socket<F, Fut>(
             Err(_) => return,
         },
     };
-    connection(tcp, serving, handler, stop).await;
+    connection(tcp, slot, serving, handler, stop).await;
 }
 
 /// One connection: the TLS handshake if any, then HTTP/1.1 until the peer closes or the
@@ -217,8 +237,10 @@ async fn serve_socket<F, Fut>(
 ///
 /// Nothing is set up for a connection until its first byte arrives (within the header
 /// timeout): a silent connection costs a socket and this small future, not hyper's buffers.
+/// A connection shed before then just closes. Its slot is freed when it ends.
 async fn connection<F, Fut>(
     tcp: TcpStream,
+    slot: Slot,
     serving: Serving,
     handler: F,
     stop: watch::Receiver<bool>,
@@ -226,16 +248,22 @@ async fn connection<F, Fut>(
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
-    match tokio::time::timeout(serving.header_read_timeout, tcp.readable()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) | Err(_) => return,
+    tokio::select! {
+        readable = tokio::time::timeout(serving.header_read_timeout, tcp.readable()) => {
+            match readable {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+        }
+        () = slot.conn.closing() => return,
     }
     // Boxed, so the idle future above stays small.
-    Box::pin(serve_stream(tcp, serving, handler, stop)).await;
+    Box::pin(serve_stream(tcp, &slot, serving, handler, stop)).await;
 }
 
 async fn serve_stream<F, Fut>(
     tcp: TcpStream,
+    slot: &Slot,
     serving: Serving,
     handler: F,
     stop: watch::Receiver<bool>,
@@ -244,10 +272,10 @@ async fn serve_stream<F, Fut>(
     Fut: Future<Output = Response<Body>> + Send + 'static,
 {
     match &serving.tls {
-        None => http(tcp, &serving, handler, stop).await,
+        None => http(tcp, slot, &serving, handler, stop).await,
         Some(acceptor) => {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => http(tls, &serving, handler, stop).await,
+                Ok(Ok(tls)) => http(tls, slot, &serving, handler, stop).await,
                 Ok(Err(e)) => tracing::warn!(error = %e, "TLS handshake failed"),
                 Err(_) => tracing::warn!("TLS handshake timed out"),
             }
@@ -255,8 +283,13 @@ async fn serve_stream<F, Fut>(
     }
 }
 
-async fn http<S, F, Fut>(stream: S, serving: &Serving, handler: F, mut stop: watch::Receiver<bool>)
-where
+async fn http<S, F, Fut>(
+    stream: S,
+    slot: &Slot,
+    serving: &Serving,
+    handler: F,
+    mut stop: watch::Receiver<bool>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Body>> + Send + 'static,
@@ -264,15 +297,19 @@ where
     let marks = Marks::new();
     let requests = Arc::new(AtomicUsize::new(0));
     let watched = marks.clone();
+    let in_progress: Requests = slot.requests();
     let service = service_fn(move |req: Request<Incoming>| {
         let handler = handler.clone();
         let n = requests.fetch_add(1, Ordering::Relaxed);
         let smuggled = watched.is_smuggled(n);
+        let busy = in_progress.begin();
         async move {
             if smuggled {
                 return Ok::<_, Infallible>(two_framings());
             }
-            Ok::<_, Infallible>(handler(req).await)
+            let response = handler(req).await;
+            drop(busy);
+            Ok::<_, Infallible>(response)
         }
     });
     let conn = http1::Builder::new()
@@ -280,11 +317,17 @@ where
         .header_read_timeout(serving.header_read_timeout)
         .serve_connection(TokioIo::new(Watched::new(stream, marks)), service);
     tokio::pin!(conn);
-    // Polled only when the watch changes, not at each of the connection's wakes.
+    // Polled only when they are woken themselves, not at each of the connection's wakes: the
+    // listener stops, or sheds this connection (idle at the cap, or idle too long).
     let stop = crate::wake::Gated::new(stopped(&mut stop));
+    let shed = crate::wake::Gated::new(slot.conn.closing());
     let result = tokio::select! {
         result = conn.as_mut() => result,
         () = stop => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = shed => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -292,6 +335,42 @@ where
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
     }
+}
+
+/// The whole answer a refused connection gets: `503` with the `OVERLOADED` error body.
+fn overloaded() -> Vec<u8> {
+    let body = error::body(None, Code::Overloaded);
+    let mut out = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Tells a connection past the cap `OVERLOADED` and closes it, never making the accept loop
+/// wait: up to [`MAX_REFUSING`] at once get [`REFUSE_GRACE`] to take the answer (what the client
+/// already sent is read and dropped, so the close does not reset the answer away); past that,
+/// one best-effort write.
+fn refuse(stream: TcpStream, answer: &Arc<[u8]>, refusing: &Arc<Semaphore>) {
+    let Ok(permit) = refusing.clone().try_acquire_owned() else {
+        let _ = stream.try_write(answer);
+        return;
+    };
+    let answer = answer.clone();
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let _ = tokio::time::timeout(REFUSE_GRACE, async {
+            stream.write_all(&answer).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 1024];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        })
+        .await;
+        drop(permit);
+    });
 }
 
 /// The answer to a request framed two ways (`Content-Length` together with

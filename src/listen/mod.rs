@@ -7,6 +7,7 @@ pub mod agent;
 mod framing;
 pub mod http;
 pub mod mcp;
+pub mod slots;
 pub mod telemetry;
 
 use std::future::Future;
@@ -22,7 +23,7 @@ use crate::auth::Tokens;
 use crate::call::State;
 use crate::config::{Config, ListenConfig, Reload};
 use crate::error::Result;
-use crate::metrics::ReloadResult;
+use crate::metrics::{Listener, ReloadResult};
 use crate::workers::Workers;
 use http::Serving;
 
@@ -119,6 +120,8 @@ pub async fn run(
         listeners.agent,
         Serving {
             workers,
+            idle_timeout: config.listen.idle_timeout,
+            counts: state.metrics.connections(Listener::Agent),
             ..Serving::plain(config.listen.max_connections.agent)
         },
         move |req| agent::handle(s.clone(), req),
@@ -127,14 +130,22 @@ pub async fn run(
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.admin,
-        Serving::plain(config.listen.max_connections.admin),
+        Serving {
+            idle_timeout: config.listen.idle_timeout,
+            counts: state.metrics.connections(Listener::Admin),
+            ..Serving::plain(config.listen.max_connections.admin)
+        },
         move |req| admin::handle(s.clone(), req),
         stopped.clone(),
     ));
     let s = state.clone();
     listening.spawn(http::serve(
         listeners.telemetry,
-        Serving::telemetry(config.listen.max_connections.telemetry),
+        Serving {
+            idle_timeout: config.listen.idle_timeout,
+            counts: state.metrics.connections(Listener::Telemetry),
+            ..Serving::telemetry(config.listen.max_connections.telemetry)
+        },
         move |req| telemetry::handle(s.clone(), req),
         stopped,
     ));

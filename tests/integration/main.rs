@@ -18,6 +18,8 @@
 //! - [`drain`]: graceful shutdown.
 //! - [`evidence`]: the JWK Set, signed bundles checked offline, and records changed in the store.
 //! - [`hardening`]: hostile inputs and clients: JSON depth, request framing, connection caps.
+//! - [`connections`]: crowded listeners: idle connections shed at the cap, `OVERLOADED`, the idle
+//!   timeout.
 //! - [`store`]: the `Store` suite, against memory and Redis Cluster.
 //! - [`redis`]: what only a real Redis Cluster shows: key layout, outages, failover, resharding.
 //! - [`injector`]: the admission webhook.
@@ -33,6 +35,7 @@
 mod support;
 
 mod boundary;
+mod connections;
 mod drain;
 mod evidence;
 mod execution;
