@@ -1210,16 +1210,34 @@ mod tests {
         // YAML 1.2: a quoted scalar is a string, and `yes`/`on` are strings too; none of them is
         // a boolean or a number, and the error names the key.
         for (yaml, key) in [
-            ("tools: [{name: a, upstream: 'http://x/', read_only: 'true'}]", "read_only"),
-            ("tools: [{name: a, upstream: 'http://x/', read_only: \"yes\"}]", "read_only"),
-            ("tools: [{name: a, upstream: 'http://x/', read_only: yes}]", "read_only"),
-            ("tools: [{name: a, upstream: 'http://x/', read_only: on}]", "read_only"),
-            ("tools: [{name: a, upstream: 'http://x/', timeout_ms: '100'}]", "timeout_ms"),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_only: 'true'}]",
+                "read_only",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_only: \"yes\"}]",
+                "read_only",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_only: yes}]",
+                "read_only",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', read_only: on}]",
+                "read_only",
+            ),
+            (
+                "tools: [{name: a, upstream: 'http://x/', timeout_ms: '100'}]",
+                "timeout_ms",
+            ),
             ("limits: {raw_bytes: \"1024\"}", "raw_bytes"),
             ("runs: {default_max_calls: '5'}", "default_max_calls"),
             ("store: {record_ttl_ms: \"1000\"}", "record_ttl_ms"),
             ("otel: {sample_ratio: '0.5'}", "sample_ratio"),
-            ("tools: [{name: a, upstream: 'http://x/', projection: {max_items: '3'}}]", "max_items"),
+            (
+                "tools: [{name: a, upstream: 'http://x/', projection: {max_items: '3'}}]",
+                "max_items",
+            ),
         ] {
             let e = Config::parse(yaml).expect_err(yaml);
             assert!(e.0.contains(key), "{yaml}: {e}");
