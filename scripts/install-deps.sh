@@ -112,7 +112,7 @@ if [[ -n $want_venv ]]; then
 fi
 
 if [[ -n $want_mcp ]]; then
-    # The official MCP SDKs the interop tests drive (tests/integration/mcp.rs), each reinstalled
+    # The official MCP SDKs the interop tests drive (tests/integration/mcp/), each reinstalled
     # only when its pinned list changed.
     if [[ ! -x $MCP_VENV/bin/python ]]; then
         log "creating the virtualenv $MCP_VENV"

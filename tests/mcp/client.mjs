@@ -1,5 +1,5 @@
 // The official TypeScript MCP client (@modelcontextprotocol/sdk 1.x) against an MCP endpoint, for
-// tests/integration/mcp.rs. Same command line and output as client.py:
+// tests/integration/mcp/. Same command line and output as client.py:
 //
 //     node client.mjs URL TOKEN MODE RUN_ID CALLS
 //

@@ -1,4 +1,4 @@
-"""The official Python MCP client (`mcp`) against an MCP endpoint, for tests/integration/mcp.rs.
+"""The official Python MCP client (`mcp`) against an MCP endpoint, for tests/integration/mcp/.
 
     client.py URL TOKEN MODE RUN_ID CALLS
 

@@ -1,5 +1,5 @@
 """An MCP server built with the official Python SDK (`mcp`, MCPServer), the upstream of toolgate's
-`protocol: mcp` tools in tests/integration/mcp.rs.
+`protocol: mcp` tools in tests/integration/mcp/.
 
     upstream.py --mode json|sse --marker MARKER --token-file PATH --log PATH
 
