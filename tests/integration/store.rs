@@ -7,8 +7,8 @@
 //! for Redis. Reservations take explicit wall-clock `now_ms` values derived from the run's own
 //! creation time.
 //!
-//! The record builders here ([`new_run`], [`projecting`], [`ready`], [`error`], [`code`]) and the
-//! Redis store config are shared with the Redis-only tests of `crate::redis`.
+//! The builders here ([`new_run`], [`create`], [`projecting`], [`reserved`], [`ready`], [`error`],
+//! [`code`]) and the Redis store config are shared with the Redis-only tests of `crate::redis`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -250,6 +250,21 @@ pub fn projecting(run: &RunView, id: &str, tool: &str) -> Record {
     )
 }
 
+/// Creates `new` on `store`; returns the ACTIVE run.
+pub async fn create(store: &Arc<dyn Store>, new: NewRun) -> RunView {
+    store.create_run(new).await.expect("create")
+}
+
+/// Reserves `id` of `tool` on `run` just after its creation; returns the PROJECTING record.
+pub async fn reserved(store: &Arc<dyn Store>, run: &RunView, id: &str, tool: &str) -> Record {
+    let r = projecting(run, id, tool);
+    store
+        .reserve(&r, run.created_ms + 1)
+        .await
+        .unwrap_or_else(|e| panic!("reserve {id}: {e:?}"));
+    r
+}
+
 /// `r` finalized READY with `EVIDENCE_FOUND`.
 pub fn ready(r: &Record) -> Record {
     Record {
@@ -346,7 +361,7 @@ async fn create_and_get_run(h: &impl Harness) {
 
     let mut with_tools = roomy("tools");
     with_tools.tools = Some(vec!["search".into(), "fetch".into()]);
-    let created = store.create_run(with_tools.clone()).await.expect("create");
+    let created = create(&store, with_tools.clone()).await;
     assert_eq!(run_of(&store, &with_tools.run_id).await, created);
     assert_eq!(created.tools, with_tools.tools);
 
@@ -369,7 +384,7 @@ async fn create_and_get_run(h: &impl Harness) {
 async fn create_run_twice_is_run_exists(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
     let first = roomy("exists");
-    let created = store.create_run(first.clone()).await.expect("create");
+    let created = create(&store, first.clone()).await;
     let second = NewRun {
         budget: Budget {
             max_calls: 1,
@@ -388,7 +403,7 @@ async fn create_run_twice_is_run_exists(h: &impl Harness) {
 
 async fn close_run_to_ended_is_final(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("end")).await.expect("create");
+    let run = create(&store, roomy("end")).await;
     let ended = store
         .close_run(&run.run_id, Close::End)
         .await
@@ -421,7 +436,7 @@ async fn close_run_to_ended_is_final(h: &impl Harness) {
 
 async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("cancel")).await.expect("create");
+    let run = create(&store, roomy("cancel")).await;
     for to in [Close::Cancel, Close::Cancel, Close::End] {
         let view = store
             .close_run(&run.run_id, to)
@@ -438,12 +453,8 @@ async fn close_run_to_cancelled_is_idempotent(h: &impl Harness) {
 
 async fn reserve_creates_projecting_record_and_moves_counters(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("reserve")).await.expect("create");
-    let a = projecting(&run, "call_a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve a");
+    let run = create(&store, roomy("reserve")).await;
+    let a = reserved(&store, &run, "call_a", "search").await;
     let (stored, ttl) = record_of(&store, &a).await.expect("record a exists");
     assert_eq!(stored, a);
     assert_eq!(stored.status, Status::Projecting);
@@ -495,7 +506,7 @@ async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) {
     assert_eq!(store.get_run(&unknown.run_id).await.expect("get_run"), None);
 
     for to in [Close::End, Close::Cancel] {
-        let run = store.create_run(roomy("closed")).await.expect("create");
+        let run = create(&store, roomy("closed")).await;
         store.close_run(&run.run_id, to).await.expect("close");
         let r = projecting(&run, "call_1", "search");
         assert_eq!(
@@ -512,10 +523,11 @@ async fn reserve_on_unknown_or_closed_run_is_run_inactive(h: &impl Harness) {
 
 async fn reserve_checks_in_contract_order(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store
-        .create_run(new_run("order", 1, &[("search", 1)], 1 << 20, RUN_TIMEOUT))
-        .await
-        .expect("create");
+    let run = create(
+        &store,
+        new_run("order", 1, &[("search", 1)], 1 << 20, RUN_TIMEOUT),
+    )
+    .await;
     let deadline = run.deadline_ms;
     let a = projecting(&run, "call_a", "search");
     store
@@ -553,7 +565,7 @@ async fn reserve_checks_in_contract_order(h: &impl Harness) {
     assert!(record_of(&store, &b).await.is_none());
 
     // The deadline alone.
-    let run = store.create_run(roomy("deadline")).await.expect("create");
+    let run = create(&store, roomy("deadline")).await;
     let c = projecting(&run, "call_c", "search");
     assert_eq!(
         code(store.reserve(&c, run.deadline_ms).await),
@@ -569,12 +581,8 @@ async fn reserve_checks_in_contract_order(h: &impl Harness) {
 
 async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("dup")).await.expect("create");
-    let first = projecting(&run, "call_dup", "search");
-    store
-        .reserve(&first, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("dup")).await;
+    let first = reserved(&store, &run, "call_dup", "search").await;
     let second = Record {
         tool: tool_name("fetch"),
         request: json!({"url": "https://example.org"}),
@@ -609,13 +617,9 @@ async fn duplicate_leaves_first_record_untouched(h: &impl Harness) {
 
 async fn run_call_budget_is_enforced(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store
-        .create_run(new_run("calls", 2, &[], 1 << 20, RUN_TIMEOUT))
-        .await
-        .expect("create");
+    let run = create(&store, new_run("calls", 2, &[], 1 << 20, RUN_TIMEOUT)).await;
     for id in ["c1", "c2"] {
-        let r = projecting(&run, id, "search");
-        store.reserve(&r, run.created_ms + 1).await.expect(id);
+        reserved(&store, &run, id, "search").await;
     }
     for (id, tool) in [("c3", "search"), ("c4", "other")] {
         let r = projecting(&run, id, tool);
@@ -632,18 +636,18 @@ async fn run_call_budget_is_enforced(h: &impl Harness) {
 
 async fn per_tool_budget_is_enforced(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store
-        .create_run(new_run(
+    let run = create(
+        &store,
+        new_run(
             "pertool",
             10,
             &[("search", 1), ("none", 0)],
             1 << 20,
             RUN_TIMEOUT,
-        ))
-        .await
-        .expect("create");
-    let s1 = projecting(&run, "s1", "search");
-    store.reserve(&s1, run.created_ms + 1).await.expect("s1");
+        ),
+    )
+    .await;
+    reserved(&store, &run, "s1", "search").await;
     let s2 = projecting(&run, "s2", "search");
     assert_eq!(
         code(store.reserve(&s2, run.created_ms + 1).await),
@@ -656,11 +660,7 @@ async fn per_tool_budget_is_enforced(h: &impl Harness) {
         "a cap of 0 allows no call"
     );
     for id in ["f1", "f2"] {
-        let r = projecting(&run, id, "fetch");
-        store
-            .reserve(&r, run.created_ms + 1)
-            .await
-            .expect("uncapped tool");
+        reserved(&store, &run, id, "fetch").await;
     }
     let view = run_of(&store, &run.run_id).await;
     assert_eq!(view.calls_used, 3);
@@ -677,21 +677,18 @@ async fn used_up_record_bytes_exhaust_the_budget(h: &impl Harness) {
     // Sizes depend on the run id: measure with the real one.
     let sized = RunView::new(run_template.clone());
     let size = size_of(&ready(&projecting(&sized, "a", "search")), 1 << 20);
-    let run = store
-        .create_run(NewRun {
+    let run = create(
+        &store,
+        NewRun {
             budget: Budget {
                 max_record_bytes: size,
                 ..run_template.budget.clone()
             },
             ..run_template
-        })
-        .await
-        .expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve a");
+        },
+    )
+    .await;
+    let a = reserved(&store, &run, "a", "search").await;
     let done = ready(&a);
     assert_eq!(size_of(&done, 1 << 20), size);
     assert_eq!(
@@ -712,7 +709,7 @@ async fn used_up_record_bytes_exhaust_the_budget(h: &impl Harness) {
 
 async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("malformed")).await.expect("create");
+    let run = create(&store, roomy("malformed")).await;
     let good = projecting(&run, "call_1", "search");
     let bad = [
         ready(&good),
@@ -744,11 +741,9 @@ async fn reserve_refuses_a_malformed_record(h: &impl Harness) {
 
 async fn finalize_ready_and_error(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("final")).await.expect("create");
-    let a = projecting(&run, "call_a", "search");
-    let b = projecting(&run, "call_b", "fetch");
-    store.reserve(&a, run.created_ms + 1).await.expect("a");
-    store.reserve(&b, run.created_ms + 1).await.expect("b");
+    let run = create(&store, roomy("final")).await;
+    let a = reserved(&store, &run, "call_a", "search").await;
+    let b = reserved(&store, &run, "call_b", "fetch").await;
 
     // b finishes first: progress is completion order.
     let b_done = error(&b, Code::ToolTimeout);
@@ -787,12 +782,8 @@ async fn finalize_ready_and_error(h: &impl Harness) {
 
 async fn finalizing_twice_is_internal(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("twice")).await.expect("create");
-    let a = projecting(&run, "call_a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("twice")).await;
+    let a = reserved(&store, &run, "call_a", "search").await;
     let done = ready(&a);
     assert_eq!(
         store.finalize(&done, 1 << 20).await.expect("first"),
@@ -822,12 +813,8 @@ async fn finalizing_twice_is_internal(h: &impl Harness) {
 
 async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("shapes")).await.expect("create");
-    let a = projecting(&run, "call_a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("shapes")).await;
+    let a = reserved(&store, &run, "call_a", "search").await;
     let bad = [
         Record {
             updated_at: "2030-01-01T00:00:00.000Z".into(),
@@ -886,12 +873,8 @@ async fn finalize_refuses_invalid_shapes(h: &impl Harness) {
 
 async fn record_over_record_bytes_is_stored_stripped(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("toolarge")).await.expect("create");
-    let a = projecting(&run, "call_a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("toolarge")).await;
+    let a = reserved(&store, &run, "call_a", "search").await;
     let big = Record {
         raw_response: json!({"blob": "é".repeat(2000)}),
         ..ready(&a)
@@ -933,20 +916,19 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     let template = new_run("runbytes", 10, &[], 0, RUN_TIMEOUT);
     let sized = RunView::new(template.clone());
     let a_size = size_of(&ready(&projecting(&sized, "a", "search")), 1 << 20);
-    let run = store
-        .create_run(NewRun {
+    let run = create(
+        &store,
+        NewRun {
             budget: Budget {
                 max_record_bytes: a_size + 10,
                 ..template.budget.clone()
             },
             ..template
-        })
-        .await
-        .expect("create");
-    let a = projecting(&run, "a", "search");
-    let b = projecting(&run, "b", "search");
-    store.reserve(&a, run.created_ms + 1).await.expect("a");
-    store.reserve(&b, run.created_ms + 1).await.expect("b");
+        },
+    )
+    .await;
+    let a = reserved(&store, &run, "a", "search").await;
+    let b = reserved(&store, &run, "b", "search").await;
     let a_done = ready(&a);
     assert_eq!(size_of(&a_done, 1 << 20), a_size);
     assert_eq!(
@@ -994,7 +976,7 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
 
 async fn progress_order_and_facts(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("facts")).await.expect("create");
+    let run = create(&store, roomy("facts")).await;
     let ids = ["f1", "e1", "p1", "n1", "f2"];
     let records: Vec<Record> = ids
         .iter()
@@ -1048,7 +1030,7 @@ async fn progress_order_and_facts(h: &impl Harness) {
     assert_eq!(f.excluded, 1, "the ERROR record");
 
     // A run's facts never include another run's records.
-    let other = store.create_run(roomy("other")).await.expect("create");
+    let other = create(&store, roomy("other")).await;
     assert_eq!(
         store.progress(&other.run_id).await.expect("p"),
         Some(vec![])
@@ -1057,9 +1039,8 @@ async fn progress_order_and_facts(h: &impl Harness) {
 
 async fn facts_exclude_expired_records(h: &impl Harness) {
     let store = h.store(1_500).await;
-    let run = store.create_run(roomy("expired")).await.expect("create");
-    let a = projecting(&run, "a", "search");
-    store.reserve(&a, run.created_ms + 1).await.expect("a");
+    let run = create(&store, roomy("expired")).await;
+    let a = reserved(&store, &run, "a", "search").await;
     store.finalize(&ready(&a), 1 << 20).await.expect("a");
     h.advance(Duration::from_millis(1_000)).await;
     let b = projecting(&run, "b", "search");
@@ -1087,12 +1068,8 @@ async fn facts_exclude_expired_records(h: &impl Harness) {
 
 async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("ttl")).await.expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("ttl")).await;
+    let a = reserved(&store, &run, "a", "search").await;
     // Final, so the progress read resolves it too.
     store.finalize(&ready(&a), 1 << 20).await.expect("finalize");
     let (_, ttl1) = record_of(&store, &a).await.expect("exists");
@@ -1118,12 +1095,8 @@ async fn ttl_is_set_at_creation_and_not_renewed_by_reads(h: &impl Harness) {
 
 async fn finalize_keeps_the_remaining_ttl(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("keepttl")).await.expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("keepttl")).await;
+    let a = reserved(&store, &run, "a", "search").await;
     h.advance(Duration::from_millis(400)).await;
     let (_, before) = record_of(&store, &a).await.expect("exists");
     assert!(before <= LONG_TTL - 400, "{before}");
@@ -1139,11 +1112,9 @@ async fn finalize_keeps_the_remaining_ttl(h: &impl Harness) {
 
 async fn record_is_gone_after_its_ttl(h: &impl Harness) {
     let store = h.store(1_000).await;
-    let run = store.create_run(roomy("gone")).await.expect("create");
-    let a = projecting(&run, "a", "search");
-    let b = projecting(&run, "b", "search");
-    store.reserve(&a, run.created_ms + 1).await.expect("a");
-    store.reserve(&b, run.created_ms + 1).await.expect("b");
+    let run = create(&store, roomy("gone")).await;
+    let a = reserved(&store, &run, "a", "search").await;
+    let b = reserved(&store, &run, "b", "search").await;
     store.finalize(&ready(&a), 1 << 20).await.expect("a");
     let (_, ttl) = record_of(&store, &a).await.expect("a exists");
     assert!(ttl <= 1_000);
@@ -1165,12 +1136,8 @@ async fn record_is_gone_after_its_ttl(h: &impl Harness) {
 
 async fn finalize_after_expiry_is_record_expired(h: &impl Harness) {
     let store = h.store(1_000).await;
-    let run = store.create_run(roomy("midcall")).await.expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, roomy("midcall")).await;
+    let a = reserved(&store, &run, "a", "search").await;
     h.advance(Duration::from_millis(1_100)).await;
     for done in [ready(&a), error(&a, Code::ToolTimeout)] {
         assert_eq!(
@@ -1204,15 +1171,8 @@ async fn finalize_after_expiry_is_record_expired(h: &impl Harness) {
 async fn run_and_progress_outlive_records(h: &impl Harness) {
     let store = h.store(1_000).await;
     // Run keys live timeout + record TTL = 3 s from creation.
-    let run = store
-        .create_run(new_run("outlive", 10, &[], 1 << 20, 2_000))
-        .await
-        .expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, new_run("outlive", 10, &[], 1 << 20, 2_000)).await;
+    let a = reserved(&store, &run, "a", "search").await;
     store.finalize(&ready(&a), 1 << 20).await.expect("finalize");
     h.advance(Duration::from_millis(1_100)).await;
     assert!(record_of(&store, &a).await.is_none());
@@ -1235,7 +1195,7 @@ async fn run_and_progress_outlive_records(h: &impl Harness) {
 
 async fn concurrent_reserves_of_one_id_have_one_winner(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store.create_run(roomy("race1")).await.expect("create");
+    let run = create(&store, roomy("race1")).await;
     let mut tasks = JoinSet::new();
     for i in 0..16 {
         let store = store.clone();
@@ -1271,10 +1231,7 @@ async fn concurrent_reserves_of_one_id_have_one_winner(h: &impl Harness) {
 
 async fn concurrent_reserves_never_overspend(h: &impl Harness) {
     let store = h.store(LONG_TTL).await;
-    let run = store
-        .create_run(new_run("race5", 5, &[], 1 << 20, RUN_TIMEOUT))
-        .await
-        .expect("create");
+    let run = create(&store, new_run("race5", 5, &[], 1 << 20, RUN_TIMEOUT)).await;
     let mut tasks = JoinSet::new();
     for i in 0..20 {
         let store = store.clone();
