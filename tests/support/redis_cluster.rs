@@ -57,6 +57,13 @@ impl RedisCluster {
         RedisCluster::start_on(free_ports(6))
     }
 
+    /// [`Self::start`] off the async runtime's threads, for a test of its own.
+    pub async fn spawn() -> RedisCluster {
+        tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .expect("spawn cluster")
+    }
+
     /// [`Self::start`] on the given ports (from [`free_ports`]), e.g. ones a client already uses.
     pub fn start_on(ports: Vec<u16>) -> RedisCluster {
         match Command::new("redis-server").arg("--version").output() {

@@ -105,9 +105,7 @@ fn slots_agree_with_cluster_keyslot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_go_straight_to_the_slot_owner_and_survive_its_connection_dying() {
     // A cluster of its own: the only direct connections on it are this store's.
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     let cfg = redis_config(
         &cluster,
         60_000,
@@ -164,9 +162,7 @@ async fn writes_go_straight_to_the_slot_owner_and_survive_its_connection_dying()
 async fn direct_connections_authenticate_with_the_urls_credentials() {
     // A cluster of its own, with a user `toolgate` on every node (ACLs are per node). The
     // default user stays open for the test's own queries.
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     for node in &cluster.nodes {
         let set = [
             "ACL", "SETUSER", "toolgate", "on", ">s3cret", "~*", "&*", "+@all",
@@ -230,9 +226,7 @@ fn direct_connections(port: u16) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sidecar_opens_direct_connections_on_its_serving_threads_only() {
     // A cluster of its own: the only direct connections on it are this sidecar's.
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     let tool = FakeTool::start().await;
     let nodes = cluster
         .urls()

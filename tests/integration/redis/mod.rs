@@ -19,7 +19,8 @@ use toolgate::error::{Code, SizeStage};
 use toolgate::store::{Close, FinalBody, Finalized, Keys, Record, RunView, Status};
 
 use crate::store::{
-    SUITE_TIMEOUT, call_id, code, connect, error, new_run, projecting, ready, redis_config,
+    SUITE_TIMEOUT, call_id, code, connect, create, error, new_run, projecting, ready, redis_config,
+    reserved,
 };
 use crate::support::redis_cluster::{self, RedisCluster};
 
@@ -30,6 +31,13 @@ pub async fn raw(cluster: &RedisCluster) -> ClusterConnection {
         .get_async_connection()
         .await
         .expect("raw cluster connection")
+}
+
+/// The key names under the suite's default prefix, `toolgate`.
+fn toolgate_keys() -> Keys {
+    Keys {
+        prefix: "toolgate".into(),
+    }
 }
 
 pub async fn q<T: redis::FromRedisValue>(conn: &mut ClusterConnection, args: &[&str]) -> T {
@@ -48,15 +56,12 @@ async fn keys_follow_the_contract_layout() {
     let mut cfg = redis_config(cluster, 60_000, Durability::Primary, SUITE_TIMEOUT);
     cfg.key_prefix = "tg-layout".into();
     let store = connect(&cfg).await;
-    let run = store
-        .create_run(new_run("layout", 10, &[("search", 3)], 1 << 20, 600_000))
-        .await
-        .expect("create");
-    let a = projecting(&run, "call_abc", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(
+        &store,
+        new_run("layout", 10, &[("search", 3)], 1 << 20, 600_000),
+    )
+    .await;
+    let a = reserved(&store, &run, "call_abc", "search").await;
     let done = ready(&a);
     store.finalize(&done, 1 << 20).await.expect("finalize");
 
@@ -125,10 +130,7 @@ async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
     cfg.key_prefix = "tg-fallback".into();
     let store = connect(&cfg).await;
     // Room for one call, and no bytes: every finalize is over the run's budget.
-    let run = store
-        .create_run(new_run("fallback", 10, &[], 1, 600_000))
-        .await
-        .expect("create");
+    let run = create(&store, new_run("fallback", 10, &[], 1, 600_000)).await;
     let mut conn = raw(cluster).await;
     let keys = Keys {
         prefix: "tg-fallback".into(),
@@ -214,14 +216,9 @@ async fn expiry_instants_never_move() {
     .await;
     let mut conn = raw(cluster).await;
     let before_create = clock::now_ms();
-    let run = store
-        .create_run(new_run("pexpire", 10, &[], 1 << 20, 30_000))
-        .await
-        .expect("create");
+    let run = create(&store, new_run("pexpire", 10, &[], 1 << 20, 30_000)).await;
     let after_create = clock::now_ms();
-    let keys = Keys {
-        prefix: "toolgate".into(),
-    };
+    let keys = toolgate_keys();
     let run_key = keys.run(&run.run_id);
     let progress_key = keys.progress(&run.run_id);
     let run_at: i64 = q(&mut conn, &["PEXPIRETIME", &run_key]).await;
@@ -312,23 +309,14 @@ async fn a_record_expired_mid_call_leaves_no_key() {
         SUITE_TIMEOUT,
     ))
     .await;
-    let run = store
-        .create_run(new_run("midcall", 10, &[], 1 << 20, 600_000))
-        .await
-        .expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, new_run("midcall", 10, &[], 1 << 20, 600_000)).await;
+    let a = reserved(&store, &run, "a", "search").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         code(store.finalize(&ready(&a), 1 << 20).await),
         Code::RecordExpired
     );
-    let keys = Keys {
-        prefix: "toolgate".into(),
-    };
+    let keys = toolgate_keys();
     let mut conn = raw(cluster).await;
     let exists: i64 = q(
         &mut conn,
@@ -354,9 +342,7 @@ async fn a_record_expired_mid_call_leaves_no_key() {
 /// other tests' calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_lost_its_scripts_gets_them_again() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     let cluster = &cluster;
     let store = connect(&redis_config(
         cluster,
@@ -365,10 +351,7 @@ async fn a_node_that_lost_its_scripts_gets_them_again() {
         SUITE_TIMEOUT,
     ))
     .await;
-    let run = store
-        .create_run(new_run("noscript", 10, &[], 1 << 20, 600_000))
-        .await
-        .expect("create");
+    let run = create(&store, new_run("noscript", 10, &[], 1 << 20, 600_000)).await;
     let flush = || {
         for node in cluster.primaries() {
             assert_eq!(
@@ -389,9 +372,7 @@ async fn a_node_that_lost_its_scripts_gets_them_again() {
         .await
         .expect("finalize after SCRIPT FLUSH");
     assert!(matches!(written, toolgate::store::Finalized::Written));
-    let keys = Keys {
-        prefix: "toolgate".into(),
-    };
+    let keys = toolgate_keys();
     let mut conn = raw(cluster).await;
     let body: String = q(
         &mut conn,
@@ -409,10 +390,11 @@ async fn reservations_race_across_connections() {
     for _ in 0..4 {
         stores.push(connect(&cfg).await);
     }
-    let run = stores[0]
-        .create_run(new_run("race", 30, &[("a", 10)], 1 << 20, 600_000))
-        .await
-        .expect("create");
+    let run = create(
+        &stores[0],
+        new_run("race", 30, &[("a", 10)], 1 << 20, 600_000),
+    )
+    .await;
     // 40 ids (20 per tool), each tried 5 times from different connections: 200 racing calls.
     let mut tasks = tokio::task::JoinSet::new();
     for attempt in 0..5 {

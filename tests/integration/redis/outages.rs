@@ -14,10 +14,10 @@ use toolgate::config::{DEFAULT_MEMORY_MAX_BYTES, Durability, StoreConfig, StoreK
 use toolgate::error::{Code, Result};
 use toolgate::ids::{RunId, ToolCallId};
 use toolgate::store::redis::RedisStore;
-use toolgate::store::{Finalized, Keys, Record, Status, Store};
+use toolgate::store::{Finalized, Record, Status, Store};
 
-use super::lock;
-use crate::store::{call_id, connect, new_run, projecting, ready, redis_config};
+use super::{lock, toolgate_keys};
+use crate::store::{call_id, connect, create, new_run, projecting, ready, redis_config, reserved};
 use crate::support::fake_tool::FakeTool;
 use crate::support::redis_cluster::{self, RedisCluster};
 use crate::support::sidecar::Sidecar;
@@ -94,9 +94,7 @@ async fn assert_unavailable<T: std::fmt::Debug>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     let timeout = Duration::from_millis(500);
     let store = connect(&redis_config(
         &cluster,
@@ -105,15 +103,8 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
         timeout,
     ))
     .await;
-    let run = store
-        .create_run(new_run("frozen", 100, &[], 1 << 20, 600_000))
-        .await
-        .expect("create");
-    let a = projecting(&run, "a", "search");
-    store
-        .reserve(&a, run.created_ms + 1)
-        .await
-        .expect("reserve");
+    let run = create(&store, new_run("frozen", 100, &[], 1 << 20, 600_000)).await;
+    let a = reserved(&store, &run, "a", "search").await;
 
     cluster.pause_primaries();
     let b = projecting(&run, "b", "search");
@@ -168,9 +159,7 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
 /// reaching the tool, `/readyz` turns 503, and both recover by themselves after the thaw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_cluster_fails_closed_and_recovers() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("spawn cluster");
+    let cluster = RedisCluster::spawn().await;
     let tool = FakeTool::start().await;
     let nodes = cluster
         .urls()
@@ -255,24 +244,19 @@ impl Load {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_a_primary_loses_no_acknowledged_record() {
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(RedisCluster::start)
-            .await
-            .expect("spawn cluster"),
-    );
+    let cluster = Arc::new(RedisCluster::spawn().await);
     let timeout = Duration::from_millis(1000);
     let cfg = redis_config(&cluster, 300_000, Durability::Replica, timeout);
     let store = connect(&cfg).await;
-    let keys = Keys {
-        prefix: "toolgate".into(),
-    };
+    let keys = toolgate_keys();
     let mut runs = Vec::new();
     for _ in 0..12 {
         runs.push(
-            store
-                .create_run(new_run("failover", 1_000_000, &[], 1 << 30, 600_000))
-                .await
-                .expect("create"),
+            create(
+                &store,
+                new_run("failover", 1_000_000, &[], 1 << 30, 600_000),
+            )
+            .await,
         );
     }
     let victim = cluster.primary_index_for_key(&keys.run(&runs[0].run_id));

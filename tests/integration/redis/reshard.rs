@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use toolgate::config::Durability;
 use toolgate::error::Code;
 use toolgate::ids::ToolCallId;
-use toolgate::store::{Finalized, Keys, Status};
+use toolgate::store::{Finalized, Status};
 
-use super::lock;
-use crate::store::{connect, new_run, projecting, ready, redis_config};
+use super::{lock, toolgate_keys};
+use crate::store::{connect, create, new_run, projecting, ready, redis_config};
 use crate::support::Deadline;
 use crate::support::redis_cluster::{self, RedisCluster};
 
@@ -209,11 +209,7 @@ fn migrate_slot(cluster: &RedisCluster, slot: u16, src: u16, dst: u16) -> Migrat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_migration_under_load_is_survived() {
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(RedisCluster::start)
-            .await
-            .expect("spawn cluster"),
-    );
+    let cluster = Arc::new(RedisCluster::spawn().await);
     let timeout = Duration::from_secs(2);
     let store = connect(&redis_config(
         &cluster,
@@ -222,13 +218,12 @@ async fn a_slot_migration_under_load_is_survived() {
         timeout,
     ))
     .await;
-    let run = store
-        .create_run(new_run("reshard", 10_000_000, &[], 1 << 40, 600_000))
-        .await
-        .expect("create");
-    let keys = Keys {
-        prefix: "toolgate".into(),
-    };
+    let run = create(
+        &store,
+        new_run("reshard", 10_000_000, &[], 1 << 40, 600_000),
+    )
+    .await;
+    let keys = toolgate_keys();
     let run_key = keys.run(&run.run_id);
     let any = cluster.primaries()[0].port;
     let slot: u16 = redis_cluster::query(any, &["CLUSTER", "KEYSLOT", &run_key])
