@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 use toolgate::error::CodeName;
 
 use crate::support::fake_tool::{FakeTool, RAW_MARKER};
@@ -217,6 +218,23 @@ impl Env {
     /// An envelope call on `run`.
     pub async fn call(&self, run: &Run, id: &str, tool: &str, input: Value) -> Reply {
         self.sc.invoke(&run.token, &run.id, id, tool, input).await
+    }
+
+    /// A call on `run` to `slow` (whose tool sleeps `sleep_ms`), sent in the background; returns
+    /// once the tool has received it, with the task that gets the reply.
+    pub async fn slow_call_in_flight(
+        &self,
+        run: &Run,
+        id: &str,
+        sleep_ms: u64,
+    ) -> JoinHandle<Reply> {
+        let before = self.fake.calls("slow").len();
+        let (sc, run, id) = (self.sc.clone(), run.clone(), id.to_string());
+        let input = json!({"sleep_ms": sleep_ms});
+        let call =
+            tokio::spawn(async move { sc.invoke(&run.token, &run.id, &id, "slow", input).await });
+        wait_calls(&self.fake, "slow", before + 1).await;
+        call
     }
 
     /// An intercept call on `run`.

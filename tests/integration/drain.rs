@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::boundary::{Env, assert_error, assert_ready, envelope, on_both_stores, wait_calls};
+use crate::boundary::{Env, assert_error, assert_ready, envelope, on_both_stores};
 use crate::support::Deadline;
 
 on_both_stores!(graceful_shutdown);
@@ -14,13 +14,7 @@ on_both_stores!(graceful_shutdown);
 async fn graceful_shutdown(store_yaml: String) {
     let env = Env::start(&store_yaml).await;
     let run = env.run(json!({})).await;
-    let sc = env.sc.clone();
-    let r = run.clone();
-    let in_flight = tokio::spawn(async move {
-        sc.invoke(&r.token, &r.id, "s1", "slow", json!({"sleep_ms": 2000}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", 1).await;
+    let in_flight = env.slow_call_in_flight(&run, "s1", 2000).await;
     assert_eq!(env.sc.get_telemetry("/readyz").await.0, 200);
 
     let task = env.sc.begin_shutdown();

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::boundary::{
-    Env, assert_error, assert_error_record, assert_ready, on_both_stores, wait_calls,
-};
+use crate::boundary::{Env, assert_error, assert_error_record, assert_ready, on_both_stores};
 use crate::support::fake_tool::RAW_MARKER;
 
 on_both_stores!(
@@ -195,13 +193,7 @@ async fn deadline_during_call(store_yaml: String) {
 async fn cancel_during_call(store_yaml: String) {
     let env = Env::start(&store_yaml).await;
     let run = env.run(json!({})).await;
-    let sc = env.sc.clone();
-    let (token, run_id) = (run.token.clone(), run.id.clone());
-    let call = tokio::spawn(async move {
-        sc.invoke(&token, &run_id, "c1", "slow", json!({"sleep_ms": 15000}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", 1).await;
+    let call = env.slow_call_in_flight(&run, "c1", 15000).await;
     let cancelled_at = Instant::now();
     let r = env.admin_post(&format!("/v1/runs/{}/cancel", run.id)).await;
     assert_eq!(r.status, 200, "{}", r.raw);
@@ -239,13 +231,7 @@ async fn cancel_during_call(store_yaml: String) {
 async fn end_during_call_lets_it_finish(store_yaml: String) {
     let env = Env::start(&store_yaml).await;
     let run = env.run(json!({})).await;
-    let sc = env.sc.clone();
-    let (token, run_id) = (run.token.clone(), run.id.clone());
-    let call = tokio::spawn(async move {
-        sc.invoke(&token, &run_id, "c1", "slow", json!({"sleep_ms": 1500}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", 1).await;
+    let call = env.slow_call_in_flight(&run, "c1", 1500).await;
     let r = env.admin_post(&format!("/v1/runs/{}/end", run.id)).await;
     assert_eq!(r.status, 200, "{}", r.raw);
     let r = env.admin_post(&format!("/v1/runs/{}/cancel", run.id)).await;

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use crate::boundary::{Env, assert_ready, on_both_stores, wait_calls};
+use crate::boundary::{Env, assert_ready, on_both_stores};
 use crate::support::sidecar::metric;
 
 on_both_stores!(metrics_exposition);
@@ -193,13 +193,7 @@ async fn metrics_exposition(store_yaml: String) {
     }
 
     // The in-flight gauge counts a call while it runs.
-    let sc = env.sc.clone();
-    let r = run.clone();
-    let call = tokio::spawn(async move {
-        sc.invoke(&r.token, &r.id, "call_m7", "slow", json!({"sleep_ms": 800}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", 1).await;
+    let call = env.slow_call_in_flight(&run, "call_m7", 800).await;
     assert_eq!(
         env.sc
             .metric("toolgate_invocations_in_flight", &[("tool", "slow")])

@@ -7,9 +7,7 @@ use serde_json::{Value, json};
 use toolgate::clock;
 use toolgate::error::CodeName;
 
-use crate::boundary::{
-    Env, Run, assert_admin_error, assert_error, assert_ready, on_both_stores, wait_calls,
-};
+use crate::boundary::{Env, Run, assert_admin_error, assert_error, assert_ready, on_both_stores};
 use crate::support::fake_tool::RAW_MARKER;
 use crate::support::sidecar::{ADMIN_TOKEN, Reply, Sidecar};
 use crate::support::{Deadline, unique};
@@ -264,13 +262,7 @@ async fn facts_in_completion_order(store_yaml: String) {
     let run = env.run(json!({})).await;
 
     // A slow call started first completes after a fast one started later.
-    let sc = env.sc.clone();
-    let r = run.clone();
-    let slow = tokio::spawn(async move {
-        sc.invoke(&r.token, &r.id, "f-slow", "slow", json!({"sleep_ms": 1000}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", 1).await;
+    let slow = env.slow_call_in_flight(&run, "f-slow", 1000).await;
     assert_ready(
         &env.call(&run, "f-fast", "search", json!({"q": "a"})).await,
         "f-fast",

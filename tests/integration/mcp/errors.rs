@@ -485,14 +485,7 @@ async fn toolgate_errors_are_tool_results() {
 
     // The drain: a new call is refused while one is in flight.
     let a = env.run(json!({})).await;
-    let sc2 = env.sc.clone();
-    let a2 = a.clone();
-    let slow_calls = env.fake.calls("slow").len();
-    let in_flight = tokio::spawn(async move {
-        sc2.invoke(&a2.token, &a2.id, "h-1", "slow", json!({"sleep_ms": 1500}))
-            .await
-    });
-    wait_calls(&env.fake, "slow", slow_calls + 1).await;
+    let in_flight = env.slow_call_in_flight(&a, "h-1", 1500).await;
     let task = env.sc.begin_shutdown();
     let d = Deadline::after(Duration::from_secs(2), "/readyz to turn 503");
     while env.sc.get_telemetry("/readyz").await.0 != 503 {
