@@ -43,14 +43,16 @@ pub fn store_yaml(redis_nodes: Option<&[String]>) -> String {
     match redis_nodes {
         None => "store: {kind: memory, record_ttl_ms: 600000}\n".to_string(),
         Some(nodes) => format!(
-            "store: {{kind: redis-cluster, nodes: [{}], record_ttl_ms: 600000, timeout_ms: 2000}}\n",
-            nodes
-                .iter()
-                .map(|n| format!("\"{n}\""))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "store: {{kind: redis-cluster, nodes: {}, record_ttl_ms: 600000, timeout_ms: 2000}}\n",
+            yaml_list(nodes)
         ),
     }
+}
+
+/// `items` as a YAML flow sequence of quoted strings: `["a", "b"]`.
+pub fn yaml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// A polling deadline: `tick` waits a little, and fails the test once the deadline has passed.

@@ -12,7 +12,7 @@ use crate::store::{new_run, projecting, ready, redis_config};
 use crate::support::fake_tool::FakeTool;
 use crate::support::redis_cluster::{self, RedisCluster};
 use crate::support::sidecar::Sidecar;
-use crate::support::{Deadline, unique};
+use crate::support::{Deadline, unique, yaml_list};
 
 /// The `CLIENT LIST` lines of the direct connections on node `port` whose last command was
 /// `EVALSHA`.
@@ -228,14 +228,9 @@ async fn a_sidecar_opens_direct_connections_on_its_serving_threads_only() {
     // A cluster of its own: the only direct connections on it are this sidecar's.
     let cluster = RedisCluster::spawn().await;
     let tool = FakeTool::start().await;
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let nodes = yaml_list(&cluster.urls());
     let config = format!(
-        "store: {{kind: redis-cluster, nodes: [{nodes}], durability: primary, timeout_ms: 2000}}\n\
+        "store: {{kind: redis-cluster, nodes: {nodes}, durability: primary, timeout_ms: 2000}}\n\
          tools:\n  - {{name: search, upstream: '{}', read_only: true}}\n",
         tool.url("search")
     );

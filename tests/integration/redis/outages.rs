@@ -21,7 +21,7 @@ use crate::store::{call_id, connect, create, new_run, projecting, ready, redis_c
 use crate::support::fake_tool::FakeTool;
 use crate::support::redis_cluster::{self, RedisCluster};
 use crate::support::sidecar::Sidecar;
-use crate::support::{Deadline, unique};
+use crate::support::{Deadline, unique, yaml_list};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_that_comes_up_later_is_used_without_restart() {
@@ -161,14 +161,9 @@ async fn a_frozen_cluster_is_store_unavailable_and_the_store_recovers() {
 async fn frozen_cluster_fails_closed_and_recovers() {
     let cluster = RedisCluster::spawn().await;
     let tool = FakeTool::start().await;
-    let nodes = cluster
-        .urls()
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let nodes = yaml_list(&cluster.urls());
     let config = format!(
-        "store: {{kind: redis-cluster, nodes: [{nodes}], timeout_ms: 500}}\n\
+        "store: {{kind: redis-cluster, nodes: {nodes}, timeout_ms: 500}}\n\
          tools:\n  - {{name: search, upstream: '{}', read_only: true}}\n",
         tool.url("search")
     );
