@@ -556,6 +556,7 @@ ALLOWED_EMPTY_ALERTS = {
     "ToolgateLatencyP99High": "sample tools answer well under 5s",
     "ToolgateUnknownFailureLayer": "every error code maps to a layer",
     "ToolgatePolicyDenialsSpike": "fires above 1 denial/min sustained; the scenario causes one",
+    "ToolgateConnectionsRefused": "needs a listener at its cap with every connection busy",
 }
 ALLOWED_EMPTY_EXPRS = [
     ("toolgate_store_errors_total", "the memory store does not fail"),
@@ -564,9 +565,9 @@ ALLOWED_EMPTY_EXPRS = [
 ]
 RELOAD_ALLOWED = ("toolgate_config_reloads_total", "the config reload step was skipped")
 # Alerts the scenario must leave silent (neither pending nor firing).
-# One denied call is an agent straying, not a spike.
+# One denied call is an agent straying, not a spike; the scenario never fills a listener.
 MUST_NOT_ALERT = ["ToolgateStoreUnavailable", "ToolgateStoreErrors", "ToolgateUnknownFailureLayer",
-                  "ToolgatePolicyDenialsSpike"]
+                  "ToolgatePolicyDenialsSpike", "ToolgateConnectionsRefused"]
 
 
 def allowed_empty(e, reload_done):
