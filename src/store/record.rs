@@ -242,7 +242,7 @@ impl Record {
             raw_response,
             upstream_status,
             digests,
-            fallback_tail: None,
+            fallback: None,
         };
         match sealer {
             None => write_digests(
@@ -271,21 +271,6 @@ impl Record {
                     result_sha256: result_sha256.as_deref(),
                 };
                 let seal = sealer.seal(&input);
-                // The stripped ERROR/RESULT_TOO_LARGE form keeps the request and drops the rest.
-                let stripped = SealInput {
-                    status: Status::Error.as_str(),
-                    evidence_status: Evidence::Error.as_str(),
-                    raw_sha256: None,
-                    result_sha256: None,
-                    ..input
-                };
-                let mut tail = String::with_capacity(192);
-                write_digests(
-                    &mut tail,
-                    [request_sha256.as_deref(), None, None],
-                    Some(&sealer.seal(&stripped)),
-                );
-                marks.fallback_tail = Some(tail);
                 write_digests(
                     &mut out,
                     [
@@ -295,6 +280,12 @@ impl Record {
                     ],
                     Some(&seal),
                 );
+                marks.fallback = Some(Fallback {
+                    run_id: self.run_id.to_string(),
+                    tool_call_id: self.tool_call_id.to_string(),
+                    tool: self.tool.to_string(),
+                    request_sha256,
+                });
             }
         }
         Ok((out, marks))
@@ -380,8 +371,7 @@ const AGENT_INPUT: &str = ",\"agent_input\":";
 
 /// Where, in a record's JSON, the fields that its stripped form replaces begin: the byte offset
 /// of the `,"name":` before `status`, `request`, `raw_response`, `upstream_status` and
-/// `request_sha256`; and, for a sealed record, the stripped form's own digests and seal, which
-/// end it.
+/// `request_sha256`; and, for a sealed record, what the stripped form's own seal covers.
 #[derive(Debug, Clone)]
 struct Marks {
     status: usize,
@@ -389,7 +379,44 @@ struct Marks {
     raw_response: usize,
     upstream_status: usize,
     digests: usize,
-    fallback_tail: Option<String>,
+    fallback: Option<Fallback>,
+}
+
+/// What the seal of a sealed record's stripped form covers besides its fixed state: kept, so
+/// the seal is made only when the stripped form is (most records never need it).
+#[derive(Debug, Clone)]
+struct Fallback {
+    run_id: String,
+    tool_call_id: String,
+    tool: String,
+    request_sha256: Option<String>,
+}
+
+impl Marks {
+    /// What the stripped form ends with: its own digests and seal, when the record is sealed.
+    fn tail(&self, sealer: &Sealer) -> String {
+        let Some(f) = &self.fallback else {
+            return UNSEALED_TAIL.to_string();
+        };
+        // The stripped ERROR/RESULT_TOO_LARGE form keeps the request and drops the rest.
+        let stripped = SealInput {
+            run_id: &f.run_id,
+            tool_call_id: &f.tool_call_id,
+            tool: &f.tool,
+            status: Status::Error.as_str(),
+            evidence_status: Evidence::Error.as_str(),
+            request_sha256: f.request_sha256.as_deref(),
+            raw_sha256: None,
+            result_sha256: None,
+        };
+        let mut tail = String::with_capacity(192);
+        write_digests(
+            &mut tail,
+            [f.request_sha256.as_deref(), None, None],
+            Some(&sealer.seal(&stripped)),
+        );
+        tail
+    }
 }
 
 /// What a stripped record has in place of its `status` and `evidence_status`.
@@ -402,8 +429,7 @@ pub const STRIPPED_RESULT: &str =
 /// response or agent result: spliced from `full`, so nothing is serialized again and the
 /// large parts are not copied. The Redis finalize script splices the same way, from the same
 /// marks ([`FinalBody::fallback_marks`]).
-fn stripped(full: &str, m: &Marks) -> String {
-    let tail = m.fallback_tail.as_deref().unwrap_or(UNSEALED_TAIL);
+fn stripped(full: &str, m: &Marks, tail: &str) -> String {
     let mut out = String::with_capacity(
         m.status
             + STRIPPED_STATE.len()
@@ -537,7 +563,7 @@ impl FinalBody {
         let (full, marks) = record.write_json(Some(sealer))?;
         Ok(if full.len() as u64 > record_bytes {
             FinalBody {
-                text: stripped(&full, &marks),
+                text: stripped(&full, &marks, &marks.tail(sealer)),
                 replaced: Some(SizeStage::Record),
                 marks: None,
             }
@@ -564,10 +590,10 @@ impl FinalBody {
     }
 
     /// The fallback written when the run's byte budget cannot take the body: the record
-    /// stripped of its raw response and result.
-    pub fn run_fallback(&self) -> String {
+    /// stripped of its raw response and result, sealed with `sealer` (the one that sealed it).
+    pub fn run_fallback(&self, sealer: &Sealer) -> String {
         match &self.marks {
-            Some(marks) => stripped(&self.text, marks),
+            Some(marks) => stripped(&self.text, marks, &marks.tail(sealer)),
             None => self.text.clone(),
         }
     }
@@ -600,12 +626,11 @@ impl FinalBody {
     }
 
     /// What the stripped fallback ends with in place of the full record's digests and seal:
-    /// its own (empty when `text` is stripped already).
-    pub fn fallback_tail(&self) -> &str {
+    /// its own, sealed with `sealer` (empty when `text` is stripped already).
+    pub fn fallback_tail(&self, sealer: &Sealer) -> String {
         self.marks
             .as_ref()
-            .and_then(|m| m.fallback_tail.as_deref())
-            .unwrap_or("")
+            .map_or_else(String::new, |m| m.tail(sealer))
     }
 }
 
@@ -771,8 +796,8 @@ mod tests {
             let (want, want_marks) = r.write_json(None).unwrap();
             assert_eq!(full, want);
             assert_eq!(
-                super::stripped(&full, &marks),
-                super::stripped(&want, &want_marks)
+                super::stripped(&full, &marks, &marks.tail(&sealer())),
+                super::stripped(&want, &want_marks, &want_marks.tail(&sealer()))
             );
         }
     }
@@ -807,13 +832,13 @@ mod tests {
         let want = serde_json::to_string(&stripped).unwrap();
         let strip = |r: &Record| {
             let (full, marks) = r.write_json(None).unwrap();
-            super::stripped(&full, &marks)
+            super::stripped(&full, &marks, &marks.tail(&sealer()))
         };
         assert_eq!(strip(&r), want);
         assert_eq!(strip(&spliced), want);
         // Sealed, the fallback is the stripped record with its own digests and seal.
         let body = FinalBody::new(&r, u64::MAX, &sealer()).unwrap();
-        let fallback = Record::from_json(&body.run_fallback()).unwrap();
+        let fallback = Record::from_json(&body.run_fallback(&sealer())).unwrap();
         assert!(fallback.seal_holds(&fallback.run_id, &fallback.tool_call_id, &sealer()));
         let unsealed = Record {
             request_sha256: None,
@@ -824,7 +849,7 @@ mod tests {
         };
         assert_eq!(serde_json::to_string(&unsealed).unwrap(), want);
         assert_eq!(
-            body.run_fallback(),
+            body.run_fallback(&sealer()),
             serde_json::to_string(&fallback).unwrap()
         );
 
@@ -890,7 +915,7 @@ mod tests {
             "",
             "a stripped body is its own fallback"
         );
-        assert_eq!(p.run_fallback(), p.text);
+        assert_eq!(p.run_fallback(&sealer()), p.text);
         let stored = Record::from_json(&p.text).unwrap();
         assert_eq!(stored.status, Status::Error);
         assert!(stored.raw_response.is_null() && stored.agent_result.is_null());

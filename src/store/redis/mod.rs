@@ -243,12 +243,13 @@ impl RedisStore {
         let mut size = itoa::Buffer::new();
         // The script makes the run fallback itself, from the marks, only when it needs it.
         let marks = body.fallback_marks();
+        let tail = body.fallback_tail(&self.sealer);
         let args = [
             body.text.as_str(),
             size.format(body.size()),
             marks.as_str(),
             record.tool_call_id.as_str(),
-            body.fallback_tail(),
+            tail.as_str(),
         ];
         let code: i64 = match &self.waiters {
             None => {

@@ -168,7 +168,12 @@ async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
         );
         let key = keys.record(&run.run_id, &done.tool_call_id);
         let stored: String = q(&mut conn, &["GET", &key]).await;
-        assert_eq!(stored, body.run_fallback(), "{}", done.tool_call_id);
+        assert_eq!(
+            stored,
+            body.run_fallback(&crate::store::sealer()),
+            "{}",
+            done.tool_call_id
+        );
         assert_eq!(
             Record::from_json(&stored).expect("readable").error_code,
             Some(Code::ResultTooLarge(SizeStage::Record).into())
