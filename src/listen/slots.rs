@@ -3,9 +3,12 @@
 //! only when every connection has a request in progress is the new one refused. A connection
 //! idle for longer than the idle timeout is closed as well.
 //!
-//! A connection's request count and idle time are atomics of its own, so a request only
-//! touches its own connection; the set of slots is locked only to admit, to end a connection,
-//! and for the sweep of idle ones.
+//! A connection's request count and idle stamp are atomics of its own, so a request touches
+//! its own connection and one shared counter, and reads no clock; the set of slots is locked
+//! only to admit, to end a connection, and for the sweep of idle ones. Idle order is a counter
+//! of requests ended (exact); idle time is counted in sweeps (the sweep runs every quarter of
+//! the timeout, so a connection closes between one timeout and a quarter more after its last
+//! answer).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -13,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::metrics::{ConnectionCounts, Shed};
 
@@ -21,11 +23,28 @@ use crate::metrics::{ConnectionCounts, Shed};
 pub struct Slots {
     cap: usize,
     idle_timeout: Duration,
-    /// Idle times are kept as milliseconds since this instant (tokio's clock, so tests can
-    /// move it).
-    epoch: Instant,
+    /// Idle stamps: shared by the slots' connections, so any two compare.
+    clock: Arc<IdleClock>,
     open: Mutex<Open>,
     counts: ConnectionCounts,
+}
+
+/// When a connection became idle, as two counters: `order` counts the requests ended (and the
+/// connections admitted), `sweeps` counts the sweeps.
+#[derive(Default)]
+struct IdleClock {
+    order: AtomicU64,
+    sweeps: AtomicU64,
+}
+
+impl IdleClock {
+    /// Stamps `conn` idle from now.
+    fn stamp(&self, conn: &Conn) {
+        let order = self.order.fetch_add(1, Ordering::Relaxed);
+        conn.idle_order.store(order, Ordering::Release);
+        conn.idle_sweep
+            .store(self.sweeps.load(Ordering::Relaxed), Ordering::Release);
+    }
 }
 
 #[derive(Default)]
@@ -40,8 +59,9 @@ struct Open {
 pub struct Conn {
     /// Requests in progress.
     busy: AtomicU32,
-    /// When the last request ended (or the connection was admitted), in ms since `epoch`.
-    idle_since_ms: AtomicU64,
+    /// When the last request ended (or the connection was admitted), on the [`IdleClock`].
+    idle_order: AtomicU64,
+    idle_sweep: AtomicU64,
     close: Notify,
 }
 
@@ -65,7 +85,7 @@ impl Slot {
     pub fn requests(&self) -> Requests {
         Requests {
             conn: self.conn.clone(),
-            epoch: self.slots.epoch,
+            clock: self.slots.clock.clone(),
         }
     }
 }
@@ -84,7 +104,7 @@ impl Drop for Slot {
 #[derive(Clone)]
 pub struct Requests {
     conn: Arc<Conn>,
-    epoch: Instant,
+    clock: Arc<IdleClock>,
 }
 
 impl Requests {
@@ -100,10 +120,8 @@ pub struct Busy(Requests);
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let conn = &self.0.conn;
-        let now = self.0.epoch.elapsed().as_millis() as u64;
-        conn.idle_since_ms.store(now, Ordering::Release);
-        conn.busy.fetch_sub(1, Ordering::AcqRel);
+        self.0.clock.stamp(&self.0.conn);
+        self.0.conn.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -112,7 +130,7 @@ impl Slots {
         Arc::new(Slots {
             cap,
             idle_timeout,
-            epoch: Instant::now(),
+            clock: Arc::default(),
             open: Mutex::new(Open::default()),
             counts,
         })
@@ -122,14 +140,13 @@ impl Slots {
     /// which is told to close. `None` when every connection has a request in progress: the new
     /// one is refused (and counted so).
     pub fn admit(self: &Arc<Slots>) -> Option<Slot> {
-        let now = self.now_ms();
         let mut open = self.lock();
         if open.conns.len() >= self.cap {
             let idlest = open
                 .conns
                 .iter()
                 .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
-                .min_by_key(|(_, c)| c.idle_since_ms.load(Ordering::Acquire))
+                .min_by_key(|(_, c)| c.idle_order.load(Ordering::Acquire))
                 .map(|(id, _)| *id);
             let Some(id) = idlest else {
                 drop(open);
@@ -144,10 +161,8 @@ impl Slots {
         }
         let id = open.next_id;
         open.next_id += 1;
-        let conn = Arc::new(Conn {
-            idle_since_ms: AtomicU64::new(now),
-            ..Conn::default()
-        });
+        let conn = Arc::new(Conn::default());
+        self.clock.stamp(&conn);
         open.conns.insert(id, conn.clone());
         drop(open);
         self.counts.open(1);
@@ -158,17 +173,19 @@ impl Slots {
         })
     }
 
-    /// Closes every connection idle for longer than the idle timeout; returns how many.
+    /// One sweep, run every [`Slots::sweep_every`]: closes every connection idle for the idle
+    /// timeout (that many sweeps); returns how many.
     pub fn sweep(&self) -> usize {
-        let now = self.now_ms();
-        let timeout = self.idle_timeout.as_millis() as u64;
+        let now = self.clock.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
+        let every = self.sweep_every().as_nanos().max(1);
+        let timeout = self.idle_timeout.as_nanos().div_ceil(every) as u64;
         let mut open = self.lock();
         let expired: Vec<u64> = open
             .conns
             .iter()
             .filter(|(_, c)| {
                 c.busy.load(Ordering::Acquire) == 0
-                    && now.saturating_sub(c.idle_since_ms.load(Ordering::Acquire)) >= timeout
+                    && now.saturating_sub(c.idle_sweep.load(Ordering::Acquire)) >= timeout
             })
             .map(|(id, _)| *id)
             .collect();
@@ -188,10 +205,6 @@ impl Slots {
         (self.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -205,7 +218,7 @@ mod tests {
         Slots::new(cap, idle_timeout, ConnectionCounts::default())
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn at_the_cap_the_longest_idle_connection_makes_room() {
         let slots = slots(3, Duration::from_secs(60));
         let first = slots.admit().expect("free slot");
@@ -214,7 +227,6 @@ mod tests {
         // The first is busy; of the two idle ones, the second has been idle longer than the
         // third, whose request just ended.
         let _busy = first.requests().begin();
-        tokio::time::advance(Duration::from_millis(5)).await;
         drop(third.requests().begin());
         let fourth = slots.admit().expect("an idle connection makes room");
         assert_eq!(slots.lock().conns.len(), 3);
@@ -233,8 +245,8 @@ mod tests {
         assert_eq!(slots.lock().conns.len(), 3);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn with_every_connection_busy_a_new_one_is_refused() {
+    #[test]
+    fn with_every_connection_busy_a_new_one_is_refused() {
         let slots = slots(2, Duration::from_secs(60));
         let a = slots.admit().unwrap();
         let b = slots.admit().unwrap();
@@ -247,13 +259,17 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_sweep_closes_idle_connections_and_not_busy_ones() {
-        let slots = slots(8, Duration::from_millis(20));
+    #[test]
+    fn the_sweep_closes_idle_connections_and_not_busy_ones() {
+        // Swept every 100 ms: idle for 4 sweeps is idle for the timeout.
+        let slots = slots(8, Duration::from_millis(400));
+        assert_eq!(slots.sweep_every(), Duration::from_millis(100));
         let idle = slots.admit().unwrap();
         let busy = slots.admit().unwrap();
         let _request = busy.requests().begin();
-        tokio::time::advance(Duration::from_millis(30)).await;
+        for _ in 0..3 {
+            assert_eq!(slots.sweep(), 0, "not idle for the timeout yet");
+        }
         assert_eq!(slots.sweep(), 1);
         assert!(!slots.lock().conns.contains_key(&idle.id));
         assert!(slots.lock().conns.contains_key(&busy.id));

@@ -2,7 +2,6 @@
 //! within the cap and compacted in one pass.
 
 use hyper::Uri;
-use hyper::header::{CONTENT_LENGTH, HeaderName};
 use serde_json::Value;
 
 use super::{Failed, Reply, ToolRequest, Upstream, UpstreamError, each_header, too_deep};
@@ -96,15 +95,15 @@ fn plain_request(
             .as_bytes(),
     );
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut field = |name: &HeaderName, value: &[u8]| {
-        out.extend_from_slice(name.as_str().as_bytes());
+    let mut field = |name: &str, value: &[u8]| {
+        out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     };
     each_header(req, &mut field)?;
     let mut length = itoa::Buffer::new();
-    field(&CONTENT_LENGTH, length.format(body.len()).as_bytes());
+    field("content-length", length.format(body.len()).as_bytes());
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
     Ok(out)

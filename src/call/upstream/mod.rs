@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::HeaderMap;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderName, HeaderValue};
+use hyper::header::{CONTENT_LENGTH, HeaderName, HeaderValue};
 use hyper::{Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -26,10 +26,6 @@ use crate::body::{ReadError, read_capped};
 use crate::compact;
 use crate::config::Protocol;
 use mcp::McpSessions;
-
-const X_RUN_ID: HeaderName = HeaderName::from_static("x-run-id");
-const X_TOOL_CALL_ID: HeaderName = HeaderName::from_static("x-tool-call-id");
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// One request to a tool service.
 pub struct ToolRequest<'a> {
@@ -157,7 +153,7 @@ impl Upstream {
         let mut invalid = false;
         each_header(req, |name, value| match HeaderValue::from_bytes(value) {
             Ok(value) => {
-                headers.insert(name.clone(), value);
+                headers.insert(HeaderName::from_static(name), value);
             }
             Err(_) => invalid = true,
         })?;
@@ -196,11 +192,11 @@ pub fn span_outcome<E>(
 
 /// Gives `header` every header a request to a tool carries, in order: `Host`, the content type,
 /// the call's ids, the trace context, and the tool's own credentials. The one place they are
-/// chosen: the plain-HTTP client writes them as bytes ([`http`]), the MCP client puts them in a
+/// chosen (by lowercase name): the plain-HTTP client writes them as bytes ([`http`]), the MCP client puts them in a
 /// header map ([`Upstream::request`]).
 fn each_header(
     req: &ToolRequest<'_>,
-    mut header: impl FnMut(&HeaderName, &[u8]),
+    mut header: impl FnMut(&'static str, &[u8]),
 ) -> Result<(), UpstreamError> {
     // The ids are safe ids already; a field value is checked all the same, as a header map
     // would check it, so that nothing can end a line early.
@@ -211,15 +207,16 @@ fn each_header(
             Err(not_a_header_value())
         }
     }
-    header(&HOST, req.host.as_bytes());
-    header(&CONTENT_TYPE, b"application/json");
-    header(&X_RUN_ID, field_value(req.run_id)?);
-    header(&X_TOOL_CALL_ID, field_value(req.tool_call_id)?);
+    // Names in lowercase, as HTTP/1.1 writes them and a header map holds them.
+    header("host", req.host.as_bytes());
+    header("content-type", b"application/json");
+    header("x-run-id", field_value(req.run_id)?);
+    header("x-tool-call-id", field_value(req.tool_call_id)?);
     if let Some(tp) = req.traceparent {
-        header(&TRACEPARENT, tp.as_bytes());
+        header("traceparent", tp.as_bytes());
     }
     if let Some(auth) = req.auth {
-        header(&AUTHORIZATION, auth.as_bytes());
+        header("authorization", auth.as_bytes());
     }
     Ok(())
 }
