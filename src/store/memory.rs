@@ -650,7 +650,10 @@ impl Store for MemoryStore {
             let size = body.size();
             let (body, outcome) =
                 if entry.run.record_bytes_used + size > entry.run.budget.max_record_bytes {
-                    (body.run_fallback(&self.sealer), Finalized::TooLarge(SizeStage::Run))
+                    (
+                        body.run_fallback(&self.sealer),
+                        Finalized::TooLarge(SizeStage::Run),
+                    )
                 } else {
                     entry.run.record_bytes_used += size;
                     let outcome = body.written();
