@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # What toolgate costs on the call path, next to a direct call and nginx: see bench/README.md.
 #
-#   bench/run.sh            full run (about 6 minutes after the build), writes bench/results/latest.json
+#   bench/run.sh            full run (about 12 minutes after the build), writes bench/results/latest.json
 #   bench/run.sh --quick    CI smoke run (well under 2 minutes after the build), writes
 #                           bench/results/quick.json; fails only when a request failed
+#   bench/run.sh --only size [--result-bytes 1k,64k,1m]
+#                           only the answer-size leg: latency, CPU and RSS at each answer size,
+#                           writes bench/results/size.json
 #   bench/run.sh --callgrind toolgate-redis-primary [--calls N]
 #                           instead: toolgate's instructions per call under valgrind's callgrind,
 #                           with file:function names (a separate build with line tables)
+#   bench/run.sh --callgrind toolgate-memory --result-bytes 1k,64k,1m
+#                           the same at each answer size, with the instructions per byte of
+#                           answer and what grows with it, into bench/results/size.json
 #   bench/run.sh --callgrind redis-primary-node [--calls N]
 #                           instead: the Redis primary's instructions per call for the call's two
 #                           scripts, replayed from a recorded run under callgrind
@@ -26,7 +32,7 @@ die() {
 }
 
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 

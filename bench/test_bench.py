@@ -336,3 +336,109 @@ class Redis(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# A callgrind profile in the file format: main calls parse twice and copy once; parse calls copy.
+CALLGRIND_OUT = """\
+version: 1
+creator: callgrind-3.19.0
+events: Ir
+fl=(1) src/main.rs
+fn=(1) main
+1 10
+cfn=(2) parse
+calls=2 5
++1 300
+cfl=(2) libc.so
+cfn=(3) __memcpy_avx_unaligned_erms
+calls=1 0
++1 1000
+fl=(1)
+fn=(2)
+5 200
+cfl=(2)
+cfn=(3)
+calls=1 0
+* 100
+fl=(2)
+fn=(3)
+0 1100
+"""
+
+
+class AnswerSizes(unittest.TestCase):
+    def test_sizes_and_labels(self):
+        self.assertEqual(bench.parse_sizes("1k, 64KiB,1m,1000,64k"), [1000, 1024, 65536, 1048576])
+        self.assertEqual(bench.parse_sizes("0"), [])
+        self.assertEqual(bench.parse_sizes(""), [])
+        with self.assertRaises(bench.Failure):
+            bench.parse_sizes("big")
+        self.assertEqual([bench.size_label(n) for n in (1024, 65536, 1048576, 1000)],
+                         ["1k", "64k", "1m", "1000"])
+
+    def test_callgrind_costs_by_function(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = f"{d}/callgrind.out"
+            with open(path, "w") as f:
+                f.write(CALLGRIND_OUT)
+            own, inclusive, calls = bench.callgrind_costs(path)
+            self.assertEqual(bench.callgrind_self_costs(path), (own, 1310))
+        self.assertEqual(own, {"main": 10, "parse": 200, "__memcpy_avx_unaligned_erms": 1100})
+        # parse: 200 of its own and the 100 of its copy; main: 10, both parses and its copy.
+        self.assertEqual(inclusive["parse"], 300)
+        self.assertEqual(inclusive["main"], 1310)
+        self.assertEqual(calls[("main", "__memcpy_avx_unaligned_erms")], 1000)
+        self.assertEqual(calls[("parse", "__memcpy_avx_unaligned_erms")], 100)
+
+    def test_growth_per_byte_between_two_sizes(self):
+        def point(label, parse, copy, grown):
+            return {"label": label, "_self": {"parse": parse, "memcpy": copy + grown},
+                    "_inclusive": {"toolgate::call": parse + copy + grown, "parse": parse},
+                    "_calls": {("main", "toolgate::call"): parse + copy + grown,
+                               ("toolgate::call", "memcpy"): copy,
+                               ("toolgate::call", "toolgate::read"): grown,
+                               ("toolgate::read", "alloc::raw_vec::finish_grow"): grown,
+                               ("alloc::raw_vec::finish_grow", "mi_realloc"): grown,
+                               ("mi_realloc", "memcpy"): grown}}
+
+        a = point("64k", 100_000, 65_536, 0)
+        b = point("1m", 1_100_000, 1_065_536, 500_000)
+        self.assertEqual(bench.slope((65_536, 165_536), (1_065_536, 2_165_536)), 2.0)
+        g = bench.size_growth(a, b, 1_000_000)
+        self.assertEqual([(x["function"], x["instructions_per_byte"]) for x in g["self"]],
+                         [("memcpy", 1.5), ("parse", 1.0)])
+        self.assertEqual(g["inclusive"][0]["function"], "toolgate::call")
+        self.assertEqual(g["inclusive"][0]["instructions_per_byte"], 2.5)
+        # The copy made by a reallocation goes to the function that grew its buffer.
+        self.assertEqual(g["copies"], [
+            {"function": "toolgate::call", "via": None, "called_from": "main",
+             "instructions_per_byte": 1.0},
+            {"function": "toolgate::read", "via": "alloc::raw_vec::finish_grow",
+             "called_from": "toolgate::call", "instructions_per_byte": 0.5}])
+
+    def test_figures_pair_rounds_with_the_direct_call(self):
+        def wrk(p50, p99, bad=0):
+            return {"latency_us": {"p50": p50, "p99": p99}, "requests": 100, "not_good": bad,
+                    "socket_errors": 0, "statuses": {"200": 100}, "rps": 50.0, "cpu_s": 0.01,
+                    "extra_cpu_s": 0.02}
+
+        direct = {"warmup": [wrk(0, 0)], "latency": [wrk(100, 500), wrk(200, 900)], "load": []}
+        tg = {"warmup": [wrk(0, 0, bad=1)], "latency": [wrk(600, 1500), wrk(900, 1400)],
+              "load": [wrk(5000, 9000)]}
+        f = bench.size_figures(tg, direct)
+        self.assertAlmostEqual(f["p50_added_ms_vs_direct"], 0.6)  # median of 0.5 and 0.7
+        self.assertAlmostEqual(f["p99_added_ms_vs_direct"], 0.75)  # median of 1.0 and 0.5
+        self.assertEqual(f["failed"], 1)
+        self.assertEqual(f["requests"], 400)
+        self.assertAlmostEqual(f["load"]["cpu_us_per_call"], 100.0)
+        self.assertAlmostEqual(f["load"]["tool_and_store_cpu_us_per_call"], 200.0)
+
+    def test_targets(self):
+        section = {"sizes": {"65536": {"paths": {}}, "1048576": {"paths": {
+            "toolgate-redis-primary": {"rss_mib": {"peak_above_idle": 120.0}}}}}}
+        cg = {"toolgate-memory": {"slope_instructions_per_byte": 3.5,
+                                  "slope_between": "64k and 1m", "commit": "abc"}}
+        ts = bench.size_targets(section, cg)
+        self.assertEqual([(t["measured"], t["met"]) for t in ts], [(120.0, False), (3.5, True)])
+        self.assertIn("1m", ts[0]["target"])
+        self.assertEqual(bench.size_targets(None, None), [])

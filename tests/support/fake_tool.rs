@@ -7,7 +7,8 @@
 //!
 //! - `GET /healthz`: 200, for readiness probes;
 //! - `/bench`: the same ~1 KiB `{"results": [5 items]}` for every request, not recorded, so a
-//!   benchmark measures the proxy in front of it and not the tool;
+//!   benchmark measures the proxy in front of it and not the tool; [`FakeTool::start_sized`]
+//!   makes it an answer of a given size instead ([`bench_document`]);
 //! - `/scenario/*`: the tools of `deploy/scenario/scenario.py` (see [`scenario_answer`]).
 
 use std::collections::HashMap;
@@ -83,6 +84,8 @@ pub struct FakeTool {
     pub endless_sent: Arc<AtomicU64>,
     /// Set once an endless body was dropped: its connection ended and it sends no more.
     pub endless_closed: Arc<AtomicBool>,
+    /// What `/bench` answers.
+    bench: Bytes,
 }
 
 impl FakeTool {
@@ -92,6 +95,11 @@ impl FakeTool {
 
     /// [`Self::start`] on a given address (port 0: any free port; [`FakeTool::addr`] tells which).
     pub async fn start_on(addr: SocketAddr) -> FakeTool {
+        FakeTool::start_sized(addr, None).await
+    }
+
+    /// [`Self::start_on`], with `/bench` answering `bench_document(result_bytes)`.
+    pub async fn start_sized(addr: SocketAddr, result_bytes: Option<usize>) -> FakeTool {
         let listener = TcpListener::bind(addr)
             .await
             .unwrap_or_else(|e| panic!("bind fake tool on {addr}: {e}"));
@@ -100,6 +108,7 @@ impl FakeTool {
             seen: Arc::default(),
             endless_sent: Arc::default(),
             endless_closed: Arc::default(),
+            bench: bench_document(result_bytes),
         };
         let t = tool.clone();
         serve_http1(listener, move |req| {
@@ -136,7 +145,7 @@ impl FakeTool {
         if path == "/bench" {
             // Drain the request so keep-alive connections stay usable; its content does not matter.
             let _ = req.into_body().collect().await;
-            return bench_answer();
+            return bench_answer(&self.bench);
         }
         if path == "/healthz" && req.method() == hyper::Method::GET {
             return json(200, json!({"ok": true}));
@@ -285,24 +294,56 @@ async fn scenario_answer(
     }
 }
 
-/// The benchmark's fixed answer: five search-like items, about 1 KiB of compact JSON.
-fn bench_answer() -> Response<FakeBody> {
-    static DOCUMENT: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
-    let body = DOCUMENT.get_or_init(|| {
-        let items: Vec<Value> = (1..=5)
-            .map(|i| {
-                json!({
-                    "title": format!("Result {i}: toolgate benchmark document"),
-                    "url": format!("https://docs.example.test/bench/articles/{i:04}"),
-                    "snippet": format!(
-                        "Item {i} of a fixed answer used to measure the proxy in front of the tool."
-                    ),
-                    "score": 1.0 / f64::from(i),
-                })
-            })
-            .collect();
-        Bytes::from(json!({ "results": items }).to_string())
-    });
+/// The benchmark's answer: `{"results": [...]}` of search-like items (title, url, snippet,
+/// score), compact. `None`: five items, about 1 KiB. `Some(n)`: as many items as fit in `n`
+/// bytes, the last one's snippet padded so that the document is exactly `n` bytes (at least
+/// one item, so a smaller `n` gets a one-item document, longer than `n`).
+pub fn bench_document(result_bytes: Option<usize>) -> Bytes {
+    let item = |i: usize| {
+        json!({
+            "title": format!("Result {i}: toolgate benchmark document"),
+            "url": format!("https://docs.example.test/bench/articles/{i:04}"),
+            "snippet": format!(
+                "Item {i} of a fixed answer used to measure the proxy in front of the tool."
+            ),
+            "score": 1.0 / i as f64,
+        })
+    };
+    let Some(want) = result_bytes else {
+        let items: Vec<Value> = (1..=5).map(item).collect();
+        return Bytes::from(json!({ "results": items }).to_string());
+    };
+    const HEAD: &str = r#"{"results":["#;
+    const TAIL: &str = "]}";
+    let mut body = String::with_capacity(want.max(1024));
+    body.push_str(HEAD);
+    let mut last = 0;
+    for i in 1.. {
+        let text = item(i).to_string();
+        let sep = usize::from(i > 1);
+        if i > 1 && body.len() + sep + text.len() + TAIL.len() > want {
+            break;
+        }
+        last = body.len() + sep;
+        if sep == 1 {
+            body.push(',');
+        }
+        body.push_str(&text);
+    }
+    let short = want.saturating_sub(body.len() + TAIL.len());
+    if short > 0 {
+        // Re-made with a longer snippet: ASCII, so each char added is one byte.
+        let mut padded = serde_json::from_str::<Value>(&body[last..]).expect("an item");
+        let snippet = padded["snippet"].as_str().expect("a snippet").to_string();
+        padded["snippet"] = Value::from(snippet + &"x".repeat(short));
+        body.truncate(last);
+        body.push_str(&padded.to_string());
+    }
+    body.push_str(TAIL);
+    Bytes::from(body)
+}
+
+fn bench_answer(body: &Bytes) -> Response<FakeBody> {
     let mut r = Response::new(FakeBody::Full(Some(body.clone())));
     r.headers_mut()
         .insert("content-type", "application/json".parse().expect("ct"));
