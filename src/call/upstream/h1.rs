@@ -203,6 +203,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
                 return Err(ReadError::TooLarge);
             }
             let mut left = size as usize;
+            if body.is_empty() {
+                // The first chunk (most tools send their answer as one): read whole into the
+                // connection buffer, which grows once to its size (within the cap), and taken
+                // out of it without a copy.
+                self.fill_to(left).await?;
+                body = self.buf.split_to(left);
+                left = 0;
+            } else {
+                body.reserve(left);
+            }
             while left > 0 {
                 if self.buf.is_empty() {
                     self.fill_to(1).await?;
