@@ -651,7 +651,7 @@ impl Store for MemoryStore {
             let (body, outcome) =
                 if entry.run.record_bytes_used + size > entry.run.budget.max_record_bytes {
                     (
-                        body.run_fallback(&self.sealer),
+                        body.run_fallback(record, &self.sealer),
                         Finalized::TooLarge(SizeStage::Run),
                     )
                 } else {

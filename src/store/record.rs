@@ -280,12 +280,7 @@ impl Record {
                     ],
                     Some(&seal),
                 );
-                marks.fallback = Some(Fallback {
-                    run_id: self.run_id.to_string(),
-                    tool_call_id: self.tool_call_id.to_string(),
-                    tool: self.tool.to_string(),
-                    request_sha256,
-                });
+                marks.fallback = Some(Fallback { request_sha256 });
             }
         }
         Ok((out, marks))
@@ -382,27 +377,26 @@ struct Marks {
     fallback: Option<Fallback>,
 }
 
-/// What the seal of a sealed record's stripped form covers besides its fixed state: kept, so
-/// the seal is made only when the stripped form is (most records never need it).
+/// What the seal of a sealed record's stripped form covers besides the record's ids and its
+/// fixed state: kept, so the seal is made only when the stripped form is (most records never
+/// need it).
 #[derive(Debug, Clone)]
 struct Fallback {
-    run_id: String,
-    tool_call_id: String,
-    tool: String,
     request_sha256: Option<String>,
 }
 
 impl Marks {
-    /// What the stripped form ends with: its own digests and seal, when the record is sealed.
-    fn tail(&self, sealer: &Sealer) -> String {
+    /// What the stripped form of `record` ends with: its own digests and seal, when the record
+    /// is sealed.
+    fn tail(&self, record: &Record, sealer: &Sealer) -> String {
         let Some(f) = &self.fallback else {
             return UNSEALED_TAIL.to_string();
         };
         // The stripped ERROR/RESULT_TOO_LARGE form keeps the request and drops the rest.
         let stripped = SealInput {
-            run_id: &f.run_id,
-            tool_call_id: &f.tool_call_id,
-            tool: &f.tool,
+            run_id: record.run_id.as_str(),
+            tool_call_id: record.tool_call_id.as_str(),
+            tool: record.tool.as_str(),
             status: Status::Error.as_str(),
             evidence_status: Evidence::Error.as_str(),
             request_sha256: f.request_sha256.as_deref(),
@@ -563,7 +557,7 @@ impl FinalBody {
         let (full, marks) = record.write_json(Some(sealer))?;
         Ok(if full.len() as u64 > record_bytes {
             FinalBody {
-                text: stripped(&full, &marks, &marks.tail(sealer)),
+                text: stripped(&full, &marks, &marks.tail(record, sealer)),
                 replaced: Some(SizeStage::Record),
                 marks: None,
             }
@@ -589,11 +583,12 @@ impl FinalBody {
         }
     }
 
-    /// The fallback written when the run's byte budget cannot take the body: the record
-    /// stripped of its raw response and result, sealed with `sealer` (the one that sealed it).
-    pub fn run_fallback(&self, sealer: &Sealer) -> String {
+    /// The fallback written when the run's byte budget cannot take the body: `record` (the one
+    /// this body was made of) stripped of its raw response and result, sealed with `sealer` (the
+    /// one that sealed it).
+    pub fn run_fallback(&self, record: &Record, sealer: &Sealer) -> String {
         match &self.marks {
-            Some(marks) => stripped(&self.text, marks, &marks.tail(sealer)),
+            Some(marks) => stripped(&self.text, marks, &marks.tail(record, sealer)),
             None => self.text.clone(),
         }
     }
@@ -625,12 +620,13 @@ impl FinalBody {
         out
     }
 
-    /// What the stripped fallback ends with in place of the full record's digests and seal:
-    /// its own, sealed with `sealer` (empty when `text` is stripped already).
-    pub fn fallback_tail(&self, sealer: &Sealer) -> String {
+    /// What the stripped fallback of `record` (the one this body was made of) ends with in
+    /// place of the full record's digests and seal: its own, sealed with `sealer` (empty when
+    /// `text` is stripped already).
+    pub fn fallback_tail(&self, record: &Record, sealer: &Sealer) -> String {
         self.marks
             .as_ref()
-            .map_or_else(String::new, |m| m.tail(sealer))
+            .map_or_else(String::new, |m| m.tail(record, sealer))
     }
 }
 
@@ -796,8 +792,8 @@ mod tests {
             let (want, want_marks) = r.write_json(None).unwrap();
             assert_eq!(full, want);
             assert_eq!(
-                super::stripped(&full, &marks, &marks.tail(&sealer())),
-                super::stripped(&want, &want_marks, &want_marks.tail(&sealer()))
+                super::stripped(&full, &marks, &marks.tail(&kept, &sealer())),
+                super::stripped(&want, &want_marks, &want_marks.tail(&r, &sealer()))
             );
         }
     }
@@ -832,13 +828,13 @@ mod tests {
         let want = serde_json::to_string(&stripped).unwrap();
         let strip = |r: &Record| {
             let (full, marks) = r.write_json(None).unwrap();
-            super::stripped(&full, &marks, &marks.tail(&sealer()))
+            super::stripped(&full, &marks, &marks.tail(r, &sealer()))
         };
         assert_eq!(strip(&r), want);
         assert_eq!(strip(&spliced), want);
         // Sealed, the fallback is the stripped record with its own digests and seal.
         let body = FinalBody::new(&r, u64::MAX, &sealer()).unwrap();
-        let fallback = Record::from_json(&body.run_fallback(&sealer())).unwrap();
+        let fallback = Record::from_json(&body.run_fallback(&r, &sealer())).unwrap();
         assert!(fallback.seal_holds(&fallback.run_id, &fallback.tool_call_id, &sealer()));
         let unsealed = Record {
             request_sha256: None,
@@ -849,7 +845,7 @@ mod tests {
         };
         assert_eq!(serde_json::to_string(&unsealed).unwrap(), want);
         assert_eq!(
-            body.run_fallback(&sealer()),
+            body.run_fallback(&r, &sealer()),
             serde_json::to_string(&fallback).unwrap()
         );
 
@@ -915,7 +911,7 @@ mod tests {
             "",
             "a stripped body is its own fallback"
         );
-        assert_eq!(p.run_fallback(&sealer()), p.text);
+        assert_eq!(p.run_fallback(&r, &sealer()), p.text);
         let stored = Record::from_json(&p.text).unwrap();
         assert_eq!(stored.status, Status::Error);
         assert!(stored.raw_response.is_null() && stored.agent_result.is_null());

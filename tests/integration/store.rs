@@ -949,7 +949,7 @@ async fn run_over_max_record_bytes_is_stored_stripped(h: &impl Harness) {
     assert!(stored.raw_response.is_null() && stored.agent_result.is_null());
     let fallback = FinalBody::new(&b_done, 1 << 20, &sealer())
         .expect("body")
-        .run_fallback(&sealer());
+        .run_fallback(&b_done, &sealer());
     assert_eq!(
         stored,
         Record::from_json(&fallback).expect("fallback"),

@@ -243,7 +243,7 @@ impl RedisStore {
         let mut size = itoa::Buffer::new();
         // The script makes the run fallback itself, from the marks, only when it needs it.
         let marks = body.fallback_marks();
-        let tail = body.fallback_tail(&self.sealer);
+        let tail = body.fallback_tail(record, &self.sealer);
         let args = [
             body.text.as_str(),
             size.format(body.size()),

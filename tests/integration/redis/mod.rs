@@ -170,7 +170,7 @@ async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
         let stored: String = q(&mut conn, &["GET", &key]).await;
         assert_eq!(
             stored,
-            body.run_fallback(&crate::store::sealer()),
+            body.run_fallback(done, &crate::store::sealer()),
             "{}",
             done.tool_call_id
         );
