@@ -174,7 +174,9 @@ impl Slots {
     }
 
     /// One sweep, run every [`Slots::sweep_every`]: closes every connection idle for the idle
-    /// timeout (that many sweeps); returns how many.
+    /// timeout, that is stamped more sweeps ago than the timeout holds (a connection stamped
+    /// between two sweeps has been idle for at least that many whole intervals); returns how
+    /// many.
     pub fn sweep(&self) -> usize {
         let now = self.clock.sweeps.fetch_add(1, Ordering::Relaxed) + 1;
         let every = self.sweep_every().as_nanos().max(1);
@@ -185,7 +187,7 @@ impl Slots {
             .iter()
             .filter(|(_, c)| {
                 c.busy.load(Ordering::Acquire) == 0
-                    && now.saturating_sub(c.idle_sweep.load(Ordering::Acquire)) >= timeout
+                    && now.saturating_sub(c.idle_sweep.load(Ordering::Acquire)) > timeout
             })
             .map(|(id, _)| *id)
             .collect();
@@ -261,13 +263,14 @@ mod tests {
 
     #[test]
     fn the_sweep_closes_idle_connections_and_not_busy_ones() {
-        // Swept every 100 ms: idle for 4 sweeps is idle for the timeout.
+        // Swept every 100 ms, the timeout is 4 intervals: a connection stamped between two
+        // sweeps is idle for the timeout at the fifth sweep after its stamp, never before.
         let slots = slots(8, Duration::from_millis(400));
         assert_eq!(slots.sweep_every(), Duration::from_millis(100));
         let idle = slots.admit().unwrap();
         let busy = slots.admit().unwrap();
         let _request = busy.requests().begin();
-        for _ in 0..3 {
+        for _ in 0..4 {
             assert_eq!(slots.sweep(), 0, "not idle for the timeout yet");
         }
         assert_eq!(slots.sweep(), 1);
