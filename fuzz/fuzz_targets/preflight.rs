@@ -20,9 +20,10 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 use toolgate::auth::Tokens;
 use toolgate::body::value_depth;
+use toolgate::call::live::LivePolicy;
 use toolgate::call::preflight::{Identified, identify};
 use toolgate::call::{Form, Incoming, McpCall, Received};
-use toolgate::config::{Config, Policy};
+use toolgate::config::Config;
 use toolgate::ids::{RunId, ToolCallId};
 
 const CONFIG: &str = r#"
@@ -71,7 +72,7 @@ const RUNS: &[&str] = &["r1", "r2", "r1 ", "R1", "r1.x", ""];
 const IDS: &[&str] = &["call_1", "toolu_01:abc", "c", "-c", "call 1", "", "c\u{e9}"];
 
 struct Setup {
-    policy: Arc<Policy>,
+    policy: Arc<LivePolicy>,
     tokens: Tokens,
     /// The genuine run tokens of `r1` and `r2`.
     genuine: [(RunId, String); 2],
@@ -86,7 +87,7 @@ static SETUP: LazyLock<Setup> = LazyLock::new(|| {
         (run, token)
     });
     Setup {
-        policy: config.policy,
+        policy: Arc::new(LivePolicy::new(config.policy)),
         tokens,
         genuine,
     }
@@ -357,7 +358,7 @@ fn hv_text(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 fn check_identified(
-    policy: &Policy,
+    policy: &LivePolicy,
     identified: &Identified,
     claimed: &Claimed,
     expected_run: Option<&RunId>,
