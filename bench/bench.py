@@ -32,7 +32,7 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 from ports import free_port, free_ports  # noqa: E402  (the scripts' one port helper)
-from procs import Procs, log_tail  # noqa: E402  (and their process handling)
+from procs import Procs, log_tail, stop  # noqa: E402  (and their process handling)
 
 LUA = os.path.join(BENCH_DIR, "call.lua")
 ADMIN_TOKEN = "bench-admin-token-0123456789abcdef"
@@ -262,12 +262,7 @@ def stop_spawned(procs, pid, timeout=60):
     """Stops one process `procs` started (SIGTERM, SIGKILL after `timeout` s) and reaps it."""
     for _, p in procs.children:
         if p.pid == pid and p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p, timeout)
 
 
 def start_nginx(procs, workdir, tool_port):

@@ -35,16 +35,21 @@ class Procs:
         """SIGTERM each process, newest first, and wait for it (SIGKILL after `timeout` s). Newest
         first: a Redis node restarted mid-run stops before the cluster that removes its dir."""
         for _, p in reversed(self.children):
-            if p.poll() is None:
-                p.terminate()
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop(p, timeout)
         self.children = []
         # All reaped: the wrapper's backstop must not signal these (maybe reused) pids.
         open(self.pidfile, "w").close()
+
+
+def stop(p, timeout):
+    """SIGTERM `p` if it still runs, and reap it (SIGKILL after `timeout` s)."""
+    if p.poll() is None:
+        p.terminate()
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def log_tail(workdir, name, lines=3):
