@@ -234,24 +234,51 @@ impl RedisStore {
     }
 
     async fn finalize_inner(&self, record: &Record, body: &FinalBody) -> Result<Finalized> {
-        let script = &self.scripts.finalize;
         let keys = [
             self.keys.record(&record.run_id, &record.tool_call_id),
             self.keys.run(&record.run_id),
             self.keys.progress(&record.run_id),
         ];
-        let mut size = itoa::Buffer::new();
-        // The script makes the run fallback itself, from the marks, only when it needs it.
+        // The script makes the run fallback itself, from the marks, only when it needs it; its
+        // seal is made here only then (the script answers 5 and nothing is written yet).
         let marks = body.fallback_marks();
-        let tail = body.fallback_tail(record, &self.sealer);
+        let mut code = self.finalize_once(&keys, record, body, &marks, "").await?;
+        if code == 5 {
+            let tail = body.fallback_tail(record, &self.sealer);
+            code = self
+                .finalize_once(&keys, record, body, &marks, &tail)
+                .await?;
+        }
+        match code {
+            0 => Ok(body.written()),
+            1 => Ok(Finalized::TooLarge(SizeStage::Run)),
+            2 => Err(Error::with_cause(Code::RecordExpired, "record vanished")),
+            3 => Err(Error::internal("record is no longer PROJECTING")),
+            4 => Err(Error::with_cause(Code::RecordExpired, "run vanished")),
+            other => Err(Error::internal(format!("finalize script returned {other}"))),
+        }
+    }
+
+    /// One run of the finalize script; `tail` is the stripped fallback's digests and seal, or
+    /// empty when they are not made yet.
+    async fn finalize_once(
+        &self,
+        keys: &[String; 3],
+        record: &Record,
+        body: &FinalBody,
+        marks: &str,
+        tail: &str,
+    ) -> Result<i64> {
+        let script = &self.scripts.finalize;
+        let mut size = itoa::Buffer::new();
         let args = [
             body.text.as_str(),
             size.format(body.size()),
-            marks.as_str(),
+            marks,
             record.tool_call_id.as_str(),
-            tail.as_str(),
+            tail,
         ];
-        let code: i64 = match &self.waiters {
+        Ok(match &self.waiters {
             None => {
                 let key_bytes = keys.each_ref().map(|k| k.as_bytes());
                 let arg_bytes = args.map(str::as_bytes);
@@ -277,7 +304,7 @@ impl RedisStore {
                         .cmd("EVALSHA")
                         .arg(script.get_hash())
                         .arg(keys.len())
-                        .arg(&keys)
+                        .arg(keys)
                         .arg(&args)
                         .cmd("WAIT")
                         .arg(1)
@@ -304,15 +331,7 @@ impl RedisStore {
                 })
                 .await?
             }
-        };
-        match code {
-            0 => Ok(body.written()),
-            1 => Ok(Finalized::TooLarge(SizeStage::Run)),
-            2 => Err(Error::with_cause(Code::RecordExpired, "record vanished")),
-            3 => Err(Error::internal("record is no longer PROJECTING")),
-            4 => Err(Error::with_cause(Code::RecordExpired, "run vanished")),
-            other => Err(Error::internal(format!("finalize script returned {other}"))),
-        }
+        })
     }
 }
 

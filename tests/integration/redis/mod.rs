@@ -123,17 +123,28 @@ async fn keys_follow_the_contract_layout() {
 /// A run over its byte budget gets the stripped record, which the finalize script splices
 /// itself: byte for byte the Rust side's stripped form, for a full body (non-ASCII, escapes and
 /// large numbers around the splice points) and for one stripped already at the record limit.
+/// The fallback's seal is sent only when the script asks for it (a second script call), with
+/// either durability; the first call writes nothing, so each id is in the progress list once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
+    for (durability, prefix) in [
+        (Durability::Primary, "tg-fallback"),
+        (Durability::Replica, "tg-fallback-replica"),
+    ] {
+        scripts_run_fallback(durability, prefix).await;
+    }
+}
+
+async fn scripts_run_fallback(durability: Durability, prefix: &str) {
     let cluster = redis_cluster::shared();
-    let mut cfg = redis_config(cluster, 60_000, Durability::Primary, SUITE_TIMEOUT);
-    cfg.key_prefix = "tg-fallback".into();
+    let mut cfg = redis_config(cluster, 60_000, durability, SUITE_TIMEOUT);
+    cfg.key_prefix = prefix.into();
     let store = connect(&cfg).await;
     // Room for one call, and no bytes: every finalize is over the run's budget.
     let run = create(&store, new_run("fallback", 10, &[], 1, 600_000)).await;
     let mut conn = raw(cluster).await;
     let keys = Keys {
-        prefix: "tg-fallback".into(),
+        prefix: prefix.into(),
     };
     let full = Record {
         agent_input: serde_json::json!({"q": "\u{1}\u{e9}\\\"", "n": -0.5}),
@@ -185,6 +196,12 @@ async fn the_scripts_run_fallback_is_the_rust_stripped_record() {
     )
     .await;
     assert_eq!(used, 0, "a fallback adds no bytes");
+    let ids: Vec<String> = q(
+        &mut conn,
+        &["LRANGE", &keys.progress(&run.run_id), "0", "-1"],
+    )
+    .await;
+    assert_eq!(ids, ["whole", "big"], "each id once, in order");
 }
 
 /// The slot of a key, computed locally (CRC16 of the hash tag), so no node is asked.

@@ -6,9 +6,11 @@
 -- its stripped ERROR/RESULT_TOO_LARGE form for a run over its byte budget: five byte offsets
 -- (the "," before status, request, raw_response, upstream_status and request_sha256), or empty
 -- when ARGV[1] is stripped already; ARGV[4] tool_call_id; ARGV[5] the stripped form's own
--- digests and seal, which end it (sealed by toolgate: this script cannot)
+-- digests and seal, which end it (sealed by toolgate: this script cannot), or empty when
+-- toolgate has not made them yet
 -- Returns 0 written, 1 fallback written (run too large), 2 record missing, 3 not PROJECTING,
--- 4 run missing.
+-- 4 run missing, 5 the fallback is needed and ARGV[5] is empty: nothing was written, call again
+-- with the stripped form's tail.
 local current = redis.call('GET', KEYS[1])
 if not current then
   -- Expired or lost in a failover: never recreate it.
@@ -30,6 +32,9 @@ if tonumber(run[1]) + size > tonumber(run[2]) then
   -- The fallback's bytes are not added: the run is already at its limit.
   local body = ARGV[1]
   if ARGV[3] ~= '' then
+    if ARGV[5] == '' then
+      return 5
+    end
     local s, r, a, u, d = string.match(ARGV[3], '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
     s, r, a, u, d = tonumber(s), tonumber(r), tonumber(a), tonumber(u), tonumber(d)
     body = string.sub(body, 1, s)
