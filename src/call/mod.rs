@@ -35,7 +35,7 @@ use incoming::Rejection;
 pub use incoming::{Form, Incoming, McpCall, Received};
 use live::{LiveTool, PolicySwap};
 use preflight::Admitted;
-use projection::{Projected, Projector};
+use projection::ProjectedJson;
 use runs::{CallGuard, Calls, RunCache, RunSpec};
 use trace::CallSpan;
 use upstream::{ToolRequest, Upstream, UpstreamError};
@@ -330,23 +330,18 @@ async fn admit(
     })
 }
 
-/// What execution produced, before it is written down.
+/// What execution produced, before it is written down: the record's parts in the one form
+/// the call path carries them, compact JSON text.
 enum Executed {
     Ready {
-        raw: Value,
-        /// `raw` as compact JSON, when the tool's text was kept (`raw` is then null).
-        raw_json: Option<String>,
-        /// The agent result as compact JSON, when it was cut out of `raw_json` (the
-        /// projected result is then null).
-        agent_json: Option<String>,
+        raw: String,
         upstream_status: u16,
-        projected: Projected,
-        result_json: Vec<u8>,
+        projected: ProjectedJson,
     },
     Failed {
         error: Error,
-        raw: Value,
-        raw_json: Option<String>,
+        /// What the tool answered, kept for the harness only (`None` when nothing usable was).
+        raw: Option<String>,
         upstream_status: Option<u16>,
     },
 }
@@ -355,8 +350,7 @@ impl Executed {
     fn failed(error: Error) -> Executed {
         Executed::Failed {
             error,
-            raw: Value::Null,
-            raw_json: None,
+            raw: None,
             upstream_status: None,
         }
     }
@@ -425,8 +419,7 @@ async fn execute(
             };
             return Executed::Failed {
                 error,
-                raw: Value::Null,
-                raw_json: None,
+                raw: None,
                 upstream_status: Some(status),
             };
         }
@@ -434,88 +427,36 @@ async fn execute(
         Ok(Ok(reply)) => reply,
     };
     let status = reply.status;
-    let raw_json = reply.raw_json;
-    let selected = reply.selected;
-    let raw = match reply.raw {
-        Ok(raw) => raw,
-        // Kept for the harness only: the agent never sees it.
-        Err(failed) => {
-            return Executed::Failed {
-                error: Error::with_cause(Code::ToolExecutionFailed, failed.why),
-                raw: failed.raw,
-                raw_json: None,
-                upstream_status: Some(status),
-            };
-        }
-    };
-    let failed = |error: Error, raw: Value, raw_json: Option<String>| Executed::Failed {
+    let failed = |error: Error, raw: Option<String>| Executed::Failed {
         error,
         raw,
-        raw_json,
         upstream_status: Some(status),
     };
-    // With the raw response kept as text, the result is cut out of that text when it holds
-    // evidence; otherwise (or for a tool whose answer came as a tree) the projection runs on
-    // a tree, which it may take apart since the record keeps the text.
-    if let Some(text) = &raw_json
-        && let Some(agent_json) = match &selected {
-            Some(selected) => tool.projection.project_selected(text, selected),
-            None => tool.projection.project_text(text),
-        }
-    {
-        if agent_json.len() as u64 > tool.limits.agent_bytes {
-            return failed(Error::too_large(SizeStage::Agent), Value::Null, raw_json);
-        }
-        return Executed::Ready {
-            raw: Value::Null,
-            raw_json,
-            upstream_status: status,
-            projected: Projected {
-                evidence: Evidence::Found,
-                result: Value::Null,
-            },
-            result_json: agent_json.clone().into_bytes(),
-            agent_json: Some(agent_json),
-        };
-    }
-    let (raw, projected) = match &raw_json {
-        Some(text) => match serde_json::from_str::<Value>(text) {
-            Ok(tree) => (
-                Value::Null,
-                tool.projection.project_owned(&tool.name, input, tree),
-            ),
-            Err(e) => {
-                return failed(
-                    Error::with_cause(Code::ProjectionFailed, e),
-                    Value::Null,
-                    raw_json,
-                );
-            }
-        },
-        None => {
-            let projected = tool.projection.project(&tool.name, input, &raw);
-            (raw, projected)
+    let answer = match reply.raw {
+        Ok(answer) => answer,
+        // Kept for the harness only: the agent never sees it.
+        Err(failed_answer) => {
+            return failed(
+                Error::with_cause(Code::ToolExecutionFailed, failed_answer.why),
+                Some(failed_answer.raw.to_string()),
+            );
         }
     };
-    let projected = projected.and_then(projection::check);
-    let projected = match projected {
-        Ok(p) => p,
-        Err(e) => {
-            return failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json);
+    let projected =
+        tool.projection
+            .project_json(&tool.name, input, &answer.json, answer.selected.as_ref());
+    match projected {
+        Err(e) => failed(
+            Error::with_cause(Code::ProjectionFailed, e),
+            Some(answer.json),
+        ),
+        Ok(p) if p.json.len() as u64 > tool.limits.agent_bytes => {
+            failed(Error::too_large(SizeStage::Agent), Some(answer.json))
         }
-    };
-    match serde_json::to_vec(&projected.result) {
-        Err(e) => failed(Error::with_cause(Code::ProjectionFailed, e), raw, raw_json),
-        Ok(json) if json.len() as u64 > tool.limits.agent_bytes => {
-            failed(Error::too_large(SizeStage::Agent), raw, raw_json)
-        }
-        Ok(result_json) => Executed::Ready {
-            raw,
-            raw_json,
-            agent_json: None,
+        Ok(projected) => Executed::Ready {
+            raw: answer.json,
             upstream_status: status,
             projected,
-            result_json,
         },
     }
 }
@@ -535,19 +476,15 @@ async fn finalize(
     let answer = match executed {
         Executed::Ready {
             raw,
-            raw_json,
-            agent_json,
             upstream_status,
             projected,
-            result_json,
         } => {
             record.status = Status::Ready;
             record.evidence_status = Some(projected.evidence);
-            record.raw_response = raw;
-            record.raw_json = raw_json;
-            record.agent_json = agent_json;
-            record.agent_result = projected.result;
+            record.raw_json = Some(raw);
             record.upstream_status = Some(upstream_status);
+            let result_json = projected.json.as_bytes().to_vec();
+            record.agent_json = Some(projected.json);
             Ok(Shown {
                 evidence: projected.evidence,
                 result_json,
@@ -556,13 +493,11 @@ async fn finalize(
         Executed::Failed {
             error,
             raw,
-            raw_json,
             upstream_status,
         } => {
             record.status = Status::Error;
             record.evidence_status = Some(Evidence::Error);
-            record.raw_response = raw;
-            record.raw_json = raw_json;
+            record.raw_json = raw;
             record.error_code = Some(error.code.into());
             record.upstream_status = upstream_status;
             Err(error)

@@ -22,6 +22,15 @@ pub enum ProjectionError {
     Unresolved(String),
     #[error("projector returned evidence status {0:?}")]
     BadEvidence(&'static str),
+    #[error("raw response does not parse: {0}")]
+    Parse(String),
+}
+
+/// A projected result in the form the agent is sent it and the record keeps it: compact JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProjectedJson {
+    pub evidence: Evidence,
+    pub json: String,
 }
 
 /// Something that turns raw tool output into an agent result.
@@ -67,6 +76,36 @@ impl Projector for Projection {
 }
 
 impl Projection {
+    /// The one entry of the call path: the result of a raw response kept as compact text,
+    /// with the selection the compacting pass found, if any. Cut out of the text when the
+    /// selection holds evidence; otherwise (null, empty or unresolved) the tree parsed from
+    /// `raw` decides, as [`Projector::project`] would.
+    pub fn project_json(
+        &self,
+        tool: &str,
+        input: &Value,
+        raw: &str,
+        selected: Option<&compact::Selected>,
+    ) -> Result<ProjectedJson, ProjectionError> {
+        let cut = match selected {
+            Some(selected) => self.project_selected(raw, selected),
+            None => self.project_text(raw),
+        };
+        if let Some(json) = cut {
+            return Ok(ProjectedJson {
+                evidence: Evidence::Found,
+                json,
+            });
+        }
+        let tree: Value =
+            serde_json::from_str(raw).map_err(|e| ProjectionError::Parse(e.to_string()))?;
+        let projected = check(self.project_owned(tool, input, tree)?)?;
+        Ok(ProjectedJson {
+            evidence: projected.evidence,
+            json: projected.result.to_string(),
+        })
+    }
+
     /// The agent result as compact JSON, cut straight out of a raw response kept as compact
     /// text (one [`compact::compact`] wrote): the bytes serde_json writes for the result of
     /// [`Projector::project`], whose evidence is then `EVIDENCE_FOUND`. `None` when the
@@ -377,6 +416,24 @@ mod tests {
                     projection.project_text(&compact),
                     "{raw} {projection:?}"
                 );
+                // The call path's one entry gives what the tree projection gives, from the
+                // pass's selection and from text serde_json wrote (an MCP result).
+                let expected = by_tree.clone().and_then(check).map(|p| ProjectedJson {
+                    evidence: p.evidence,
+                    json: p.result.to_string(),
+                });
+                let serialized = tree.to_string();
+                for (text, selected) in [
+                    (&pass.json, pass.selected.as_ref()),
+                    (&compact, None),
+                    (&serialized, None),
+                ] {
+                    assert_eq!(
+                        projection.project_json("t", &input, text, selected).ok(),
+                        expected.clone().ok(),
+                        "{raw} {projection:?}"
+                    );
+                }
                 match projection.project_text(&compact) {
                     Some(text) => {
                         let p = by_tree.unwrap();

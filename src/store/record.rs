@@ -85,13 +85,13 @@ pub struct Record {
     pub result_sha256: Option<String>,
     #[serde(default)]
     pub seal: Option<String>,
-    /// The raw response as compact JSON, when the call path kept the tool's text instead of
-    /// serializing a tree again: written in place of `raw_response` (which the call path then
-    /// leaves null). A record read back has `None` here and `raw_response` parsed.
+    /// The raw response as compact JSON, the one form the call path carries a record's parts
+    /// in: written in place of `raw_response` (which the call path leaves null). A record read
+    /// back has `None` here and `raw_response` parsed; a record built in code may use either.
     #[serde(skip)]
     pub raw_json: Option<String>,
-    /// The agent result as compact JSON, when the projection wrote it straight from the raw
-    /// text: written in place of `agent_result` (then null), as `raw_json` is.
+    /// The agent result as compact JSON, written in place of `agent_result` (then null), as
+    /// `raw_json` is.
     #[serde(skip)]
     pub agent_json: Option<String>,
     /// `,"request":…,"agent_input":…` as written, and where the request's JSON ends in it;

@@ -4,7 +4,7 @@
 use hyper::Uri;
 use serde_json::Value;
 
-use super::{Failed, Reply, ToolRequest, Upstream, UpstreamError, each_header, too_deep};
+use super::{Answer, Failed, Reply, ToolRequest, Upstream, UpstreamError, each_header, too_deep};
 use crate::body::{ReadError, json_depth};
 use crate::compact;
 
@@ -40,27 +40,24 @@ impl Upstream {
                 return Ok(Reply {
                     status,
                     raw: Err(too_deep()),
-                    raw_json: None,
-                    selected: None,
                 });
             }
             return Ok(Reply {
                 status,
-                raw: Ok(Value::Null),
-                raw_json: Some(compact.json),
-                selected: compact.selected,
+                raw: Ok(Answer {
+                    json: compact.json,
+                    selected: compact.selected,
+                }),
             });
         }
         if json_depth(&body) > req.json_depth {
             return Ok(Reply {
                 status,
                 raw: Err(too_deep()),
-                raw_json: None,
-                selected: None,
             });
         }
         let raw = match serde_json::from_slice::<Value>(&body) {
-            Ok(raw) if (200..300).contains(&status) => Ok(raw),
+            Ok(raw) if (200..300).contains(&status) => Ok(Answer::from_tree(&raw)),
             Ok(raw) => Err(Failed {
                 raw,
                 why: format!("tool status {status}, JSON body"),
@@ -70,12 +67,7 @@ impl Upstream {
                 why: format!("tool status {status}, body not JSON"),
             }),
         };
-        Ok(Reply {
-            status,
-            raw,
-            raw_json: None,
-            selected: None,
-        })
+        Ok(Reply { status, raw })
     }
 }
 

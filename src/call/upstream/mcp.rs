@@ -20,7 +20,7 @@ use hyper::StatusCode;
 use hyper::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue};
 use serde_json::{Value, json};
 
-use super::{Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
+use super::{Answer, Failed, Reply, ToolRequest, Upstream, UpstreamError, read_body, too_deep};
 use crate::body::value_depth;
 
 /// The protocol revision toolgate asks an upstream for in `initialize`.
@@ -107,7 +107,11 @@ impl Upstream {
                 retried = true;
                 continue;
             }
-            return answer(response, id, req.raw_bytes, req.json_depth).await;
+            let decoded = answer(response, id, req.raw_bytes, req.json_depth).await?;
+            return Ok(Reply {
+                status: decoded.status,
+                raw: decoded.raw.map(|raw| Answer::from_tree(&raw)),
+            });
         }
     }
 
@@ -182,13 +186,19 @@ impl Upstream {
     }
 }
 
+/// An MCP answer decoded: its HTTP status, and the JSON-RPC result or why it is a failure.
+struct Decoded {
+    status: u16,
+    raw: Result<Value, Failed>,
+}
+
 /// Reads the response to request `id`, as JSON or as an event stream, within `raw_bytes`.
 async fn answer(
     response: hyper::Response<hyper::body::Incoming>,
     id: u64,
     raw_bytes: u64,
     json_depth: usize,
-) -> Result<Reply, UpstreamError> {
+) -> Result<Decoded, UpstreamError> {
     let status = response.status().as_u16();
     let is_stream = response
         .headers()
@@ -199,14 +209,12 @@ async fn answer(
         let body = read_body(response, raw_bytes).await?;
         let raw = serde_json::from_slice(&body)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
-        return Ok(Reply {
+        return Ok(Decoded {
             status,
             raw: Err(Failed {
                 raw,
                 why: format!("MCP upstream status {status}"),
             }),
-            raw_json: None,
-            selected: None,
         });
     }
     let message = if is_stream {
@@ -220,12 +228,7 @@ async fn answer(
         Some(m) if value_depth(&m) > json_depth + 1 => Err(too_deep()),
         message => outcome(message, id),
     };
-    Ok(Reply {
-        status,
-        raw,
-        raw_json: None,
-        selected: None,
-    })
+    Ok(Decoded { status, raw })
 }
 
 /// A JSON-RPC response turned into the raw response or a failure.

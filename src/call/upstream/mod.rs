@@ -57,12 +57,27 @@ pub struct ToolRequest<'a> {
 pub struct Reply {
     pub status: u16,
     /// The raw response, or why it is a failure (with what is kept for the harness).
-    pub raw: Result<Value, Failed>,
-    /// The raw response as compact JSON, when it was kept as text; `raw` is then `Ok(null)`
-    /// and the tree, if one is needed, is parsed from this text.
-    pub raw_json: Option<String>,
-    /// Where `raw_json` holds what the request's `select` selects, when the pass found it.
+    pub raw: Result<Answer, Failed>,
+}
+
+/// A usable raw response in the one form the call path carries it: compact JSON text, which
+/// the record keeps as it is.
+pub struct Answer {
+    pub json: String,
+    /// Where `json` holds what the request's `select` selects, when the compacting pass found
+    /// it.
     pub selected: Option<compact::Selected>,
+}
+
+impl Answer {
+    /// An answer decoded as a tree (an MCP result, or a body the one-pass compaction left to
+    /// serde_json), serialized once: the text the store would have written for it.
+    pub fn from_tree(raw: &Value) -> Answer {
+        Answer {
+            json: raw.to_string(),
+            selected: None,
+        }
+    }
 }
 
 /// A tool that answered, but with a failure: a non-2xx status, a body that is not JSON, an MCP
