@@ -8,7 +8,6 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::signature::{self, Ed25519KeyPair};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::{b64, sha256_hex};
@@ -181,24 +180,23 @@ fn public_key(jwks: &[u8], kid: &str) -> Result<[u8; 32], String> {
     Err(format!("unknown kid {kid}"))
 }
 
-/// The parts of an invocation body the digests cover, as the exact texts in the body.
+/// The parts of an invocation body the digests cover. A body as served is the compact JSON
+/// serde_json writes (checked: it serializes back to itself), so each part's text in it is the
+/// part's value serialized again.
 #[derive(Deserialize)]
-struct RecordTexts<'a> {
+struct RecordParts {
     run_id: String,
     tool_call_id: String,
     tool: String,
-    #[serde(borrow)]
-    request: &'a RawValue,
-    #[serde(borrow)]
-    raw_response: &'a RawValue,
-    #[serde(borrow)]
-    agent_result: &'a RawValue,
+    request: Value,
+    raw_response: Value,
+    agent_result: Value,
 }
 
-fn digest_of(part: &RawValue) -> Value {
-    match part.get() {
-        "null" => Value::Null,
-        text => Value::String(sha256_hex(text.as_bytes())),
+fn digest_of(part: &Value) -> Value {
+    match part {
+        Value::Null => Value::Null,
+        part => Value::String(sha256_hex(part.to_string().as_bytes())),
     }
 }
 
@@ -209,16 +207,23 @@ fn check_record(dir: &Path, run_id: &str, fact: &Value) -> Result<(), String> {
         .ok_or("malformed statement: a fact without a safe tool_call_id")?;
     let path = dir.join(format!("{id}.json"));
     let body = crate::config::read_file(&path, MAX_FILE_BYTES)?;
-    let record: RecordTexts<'_> = serde_json::from_slice(&body)
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| format!("record {id}: not an invocation body: {e}"))?;
+    if value.to_string().as_bytes() != body.trim_ascii_end() {
+        return Err(format!(
+            "record {id}: not an invocation body as served (it was serialized again)"
+        ));
+    }
+    let record: RecordParts = serde_json::from_value(value)
         .map_err(|e| format!("record {id}: not an invocation body: {e}"))?;
     if record.run_id != run_id || record.tool_call_id != id.as_str() || fact["tool"] != record.tool
     {
         return Err(format!("record {id}: belongs to another run or call"));
     }
     for (name, part) in [
-        ("request_sha256", record.request),
-        ("raw_sha256", record.raw_response),
-        ("result_sha256", record.agent_result),
+        ("request_sha256", &record.request),
+        ("raw_sha256", &record.raw_response),
+        ("result_sha256", &record.agent_result),
     ] {
         if digest_of(part) != fact[name] {
             return Err(format!("record {id}: {name} does not match the record"));
@@ -350,5 +355,39 @@ mod tests {
                 .unwrap_err()
                 .contains("wrong typ")
         );
+    }
+
+    /// A record's texts are checked as served: any value a tool answered (here an object whose
+    /// first key is the name serde_json's raw-value feature reserves) verifies, and a body
+    /// re-indented by another program is named as such.
+    #[test]
+    fn a_record_as_served_matches_its_digests() {
+        let dir = std::env::temp_dir().join(format!("toolgate-jws-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let raw = r#"{"$serde_json::private::RawValue":"[1,2]","n":3.0261999441573207e-52}"#;
+        let body = format!(
+            r#"{{"run_id":"r","tool_call_id":"c","tool":"t","request":{{"q":"é"}},"raw_response":{raw},"agent_result":null,"ttl_ms":5}}"#
+        );
+        let fact = json!({
+            "tool_call_id": "c",
+            "tool": "t",
+            "request_sha256": sha256_hex(r#"{"q":"é"}"#.as_bytes()),
+            "raw_sha256": sha256_hex(raw.as_bytes()),
+            "result_sha256": null,
+        });
+        let path = dir.join("c.json");
+        std::fs::write(&path, format!("{body}\n")).unwrap();
+        assert_eq!(check_record(&dir, "r", &fact), Ok(()));
+        let changed = body.replace("[1,2]", "[1,3]");
+        std::fs::write(&path, &changed).unwrap();
+        assert_eq!(
+            check_record(&dir, "r", &fact),
+            Err("record c: raw_sha256 does not match the record".into())
+        );
+        let pretty = serde_json::to_string_pretty(&serde_json::from_str::<Value>(&body).unwrap());
+        std::fs::write(&path, pretty.unwrap()).unwrap();
+        let err = check_record(&dir, "r", &fact).unwrap_err();
+        assert!(err.contains("not an invocation body as served"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -959,6 +959,29 @@ mod tests {
         assert_eq!(a.raw_sha256, None, "a null part has a null digest");
     }
 
+    /// Whatever JSON a tool answers, its record reads back to the texts it was sealed over: a
+    /// float whose shortest text a fast parser reads an ulp off, and an object whose first key
+    /// is the name serde_json's raw-value feature reserves.
+    #[test]
+    fn any_answer_reads_back_to_its_sealed_texts() {
+        for body in [
+            r#"{"results":[{"n":3.0261999441573203e-52,"m":2.347135155778617e+214},906.7979265841685]}"#,
+            r#"{"$serde_json::private::RawValue":"[1,2]"}"#,
+            r#"{"a":{"$serde_json::private::RawValue":{"x":1}}}"#,
+        ] {
+            let raw = crate::compact::compact(body.as_bytes()).unwrap().json;
+            let mut r = ready("r", "c");
+            r.raw_json = Some(raw.clone());
+            r.agent_json = Some(r#"{"item":1}"#.to_string());
+            r.agent_result = Value::Null;
+            let text = FinalBody::new(&r, u64::MAX, &sealer()).unwrap().text;
+            let stored = Record::from_json(&text).expect("what was written reads back");
+            assert_eq!(stored.raw_response.to_string(), raw, "{body}");
+            let (run, id) = (stored.run_id.clone(), stored.tool_call_id.clone());
+            assert!(stored.seal_holds(&run, &id, &sealer()), "{body}");
+        }
+    }
+
     #[test]
     fn a_final_record_is_sealed_over_its_stored_texts() {
         let mut r = ready("r", "c");
