@@ -25,12 +25,11 @@ use serde_json::{Value, json};
 use toolgate::clock;
 use toolgate::config::RunPaths;
 use toolgate::error::{Code, Error, SizeStage};
+use toolgate::evidence::Sealer;
 use toolgate::ids::{RunId, ToolCallId, ToolName};
 use toolgate::store::memory::MemoryStore;
-use toolgate::evidence::Sealer;
 use toolgate::store::{
-    Budget, Close, Evidence, FinalBody, Finalized, NewRun, Record, RunState, RunView, Status,
-    Store,
+    Budget, Close, Evidence, FinalBody, Finalized, NewRun, Record, RunState, RunView, Status, Store,
 };
 
 const RUNS: &[&str] = &["r1", "r2", "r3"];

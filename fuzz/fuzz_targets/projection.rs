@@ -1,6 +1,7 @@
 //! The declarative projection (`select`, `max_items`, `fields`) on arbitrary raw JSON, then
 //! `check` and the compact JSON the agent would be sent: never panics, never an ERROR
-//! evidence, and the result has the documented shape.
+//! evidence, and the result has the documented shape; cut out of the compact text, and through
+//! the call path's one entry (`project_json`), it is the same result.
 #![no_main]
 
 mod common;
@@ -133,6 +134,18 @@ fn run(data: &[u8]) -> Result<()> {
         if let Some(text) = searched {
             assert_eq!(projected.evidence, Evidence::Found);
             assert_eq!(text.as_bytes(), json, "the text projection differs");
+        }
+        // The call path's one entry, given the pass's selection, agrees with the tree.
+        let one = projection
+            .project_json("t", &input, &c.json, c.selected.as_ref())
+            .expect("the compact text projects");
+        assert_eq!(one.evidence, projected.evidence);
+        if value_depth(&raw) as u64 <= MAX_JSON_DEPTH {
+            let back: Value = serde_json::from_str(&one.json).expect("the entry's result parses");
+            assert!(
+                common::same(&back, &projected.result),
+                "the entry's result differs"
+            );
         }
     }
     Ok(())
